@@ -1,0 +1,35 @@
+# Set-up on a fresh machine: `make demo` runs the embedded default, `make test` runs the tests.
+# Both create .venv from the committed lock file (uv.lock) first; nothing else is needed.
+PYTHON ?= python3
+UV_VERSION := 0.13.9
+TOOLS := .cache/tools
+UV := $(TOOLS)/bin/uv
+VENV := .venv
+EXTRAS := --extra dev --extra docker
+export UV_PROJECT_ENVIRONMENT := $(abspath $(VENV))
+export UV_LINK_MODE := copy
+
+.PHONY: setup demo test lock clean-venv
+
+$(UV):
+	$(PYTHON) -m venv $(TOOLS)
+	$(TOOLS)/bin/pip install --quiet uv==$(UV_VERSION)
+
+$(VENV)/.synced: $(UV) pyproject.toml uv.lock
+	$(UV) sync --frozen $(EXTRAS)
+	touch $@
+
+setup: $(VENV)/.synced
+
+demo: setup
+	$(VENV)/bin/discover run configs/toy.yaml
+	$(VENV)/bin/discover status runs/toy
+
+test: setup
+	$(VENV)/bin/python -m pytest -q
+
+lock: $(UV)
+	$(UV) lock
+
+clean-venv:
+	rm -rf $(VENV) $(TOOLS)

@@ -1,0 +1,175 @@
+"""The run configuration: one typed model, validated in one place, read from YAML.
+
+Defaults follow the method paper's Table 9 (SPEC §1); `docs/defaults.md` ties each to its source.
+A bad configuration fails here, before any work, naming the field and the allowed values.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+ReuseRule = Literal["puct", "epsilon-greedy", "none"]
+Objective = Literal["entropic-adaptive", "entropic-constant", "expected", "none"]
+SandboxBackend = Literal["auto", "process", "docker"]
+
+EMBEDDED_MODEL = "tiny"  # the tiny model the project builds offline (discover/policy/tiny_model.py)
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run; the message names the field and the fix."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelConfig(_Section):
+    """The policy: which model, and its LoRA adapter."""
+
+    name: str = Field(EMBEDDED_MODEL, description="local path, hub id, or 'tiny' (built offline)")
+    lora_rank: int = Field(32, ge=1, description="LoRA rank (Table 9: 32)")
+    lora_alpha: float | None = Field(None, gt=0, description="LoRA alpha; default: equal to the rank")
+    target_modules: list[str] | str = Field("all-linear", description="modules that get LoRA")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="weights dtype")
+    device: str = Field("auto", description="'auto' (cuda if present, else cpu), 'cpu' or 'cuda:N'")
+
+
+class TrainConfig(_Section):
+    """The test-time training step (SPEC §2)."""
+
+    objective: Objective = Field("entropic-adaptive", description="how advantages are computed")
+    learning_rate: float = Field(4e-5, gt=0, description="Adam learning rate (Table 9: 4e-5)")
+    adam_betas: tuple[float, float] = Field((0.9, 0.95), description="Adam betas (Table 9)")
+    adam_eps: float = Field(1e-8, gt=0, description="Adam epsilon (Table 9)")
+    kl_coef: float = Field(0.1, ge=0, description="KL penalty to the base model (0.01 for algorithms)")
+    gamma: float = Field(math.log(2), gt=0, description="KL budget of the adaptive beta (ln 2)")
+    constant_beta: float = Field(2.0, gt=0, description="beta of the entropic-constant objective")
+    micro_batch: int = Field(16, ge=1, description="rollouts per forward/backward pass (memory only)")
+
+    @field_validator("adam_betas")
+    @classmethod
+    def _betas_in_range(cls, v: tuple[float, float]) -> tuple[float, float]:
+        if not all(0.0 <= b < 1.0 for b in v):
+            raise ValueError(f"both betas must lie in [0, 1), got {list(v)}")
+        return v
+
+
+class ReuseConfig(_Section):
+    """How start states are chosen from the archive (SPEC §3)."""
+
+    rule: ReuseRule = Field("puct", description="parent selection rule")
+    puct_c: float = Field(1.0, ge=0, description="PUCT exploration coefficient c (Table 9: 1.0)")
+    epsilon: float = Field(0.1, ge=0, le=1, description="epsilon of epsilon-greedy reuse")
+    children_per_parent: int = Field(2, ge=1, description="top children of a parent kept in the archive")
+    archive_size: int = Field(1000, ge=1, description="archive cap by reward; seeds always kept")
+    seed_states: int = Field(1, ge=1, description="how many initial states the problem draws")
+
+
+class SamplingConfig(_Section):
+    """Generation budgets (SPEC §4)."""
+
+    temperature: float = Field(1.0, gt=0, description="sampling temperature (paper: 1.0)")
+    context_tokens: int = Field(32768, ge=16, description="context window of the model")
+    thinking_budget: int = Field(26000, ge=1, description="prompt + thinking tokens before forcing")
+    max_answer_tokens: int | None = Field(None, ge=1, description="answer tokens; default: rest of context")
+    think_end: str | None = Field(None, description="marker that closes thinking; null: no thinking phase")
+
+
+class SandboxConfig(_Section):
+    """Limits and backend for running candidate programs."""
+
+    backend: SandboxBackend = Field("auto", description="'auto': docker if an engine answers, else process")
+    timeout_s: float | None = Field(None, gt=0, description="wall-clock limit per candidate; null: the problem's")
+    memory_mb: int | None = Field(None, ge=64, description="memory limit per candidate; null: the problem's")
+    cpus: int | None = Field(None, ge=1, description="CPU threads per candidate; null: the problem's")
+    max_output_bytes: int = Field(1_000_000, ge=1024, description="cap on captured output")
+    max_processes: int = Field(64, ge=1, description="process-count limit per candidate")
+    concurrency: int = Field(2, ge=1, description="candidates evaluated at once")
+
+
+class RunConfig(_Section):
+    """One discovery run: one problem, one model, a fixed number of training steps."""
+
+    problem: str = Field(..., description="problem id, e.g. 'toy' or 'erdos'")
+    run_dir: Path = Field(Path("runs/default"), description="where every step's outputs are written")
+    seed: int = Field(0, description="fixes seeds, sampling, training and selection")
+    steps: int = Field(50, ge=1, description="training steps (Table 9: 50)")
+    groups: int = Field(8, ge=1, description="start states per step, G (Table 9: 8)")
+    rollouts_per_group: int = Field(64, ge=1, description="rollouts per start state, K (Table 9: 64)")
+    model: ModelConfig = ModelConfig()
+    train: TrainConfig = TrainConfig()
+    reuse: ReuseConfig = ReuseConfig()
+    sampling: SamplingConfig = SamplingConfig()
+    sandbox: SandboxConfig = SandboxConfig()
+    problem_options: dict[str, Any] = Field(default_factory=dict, description="problem-specific settings")
+
+    @field_validator("problem")
+    @classmethod
+    def _known_problem(cls, v: str) -> str:
+        from evaluators.registry import problem_names
+
+        names = problem_names()
+        if v not in names:
+            raise ValueError(f"unknown problem {v!r}; allowed values: {', '.join(names)}")
+        return v
+
+    @model_validator(mode="after")
+    def _budgets_fit(self) -> "RunConfig":
+        s = self.sampling
+        if s.thinking_budget > s.context_tokens:
+            raise ValueError(
+                f"sampling.thinking_budget ({s.thinking_budget}) exceeds sampling.context_tokens "
+                f"({s.context_tokens}); lower the budget or raise the context"
+            )
+        return self
+
+    @property
+    def rollouts_per_step(self) -> int:
+        return self.groups * self.rollouts_per_group
+
+
+def _format_errors(err: ValidationError, source: str) -> str:
+    lines = [f"invalid configuration in {source}:"]
+    for e in err.errors():
+        where = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown field; check its spelling against docs/configuration.md"
+        got = e.get("input")
+        shown = "" if e["type"] in ("missing", "extra_forbidden") or isinstance(got, dict) else f" (got {got!r})"
+        lines.append(f"  {where}: {msg}{shown}")
+    return "\n".join(lines)
+
+
+def parse_config(data: dict[str, Any], source: str = "<config>") -> RunConfig:
+    """Validate a mapping into a RunConfig, raising ConfigError with every problem listed."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"invalid configuration in {source}: expected a mapping of fields, got {type(data).__name__}")
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_format_errors(err, source)) from None
+
+
+def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> RunConfig:
+    """Read a YAML file into a RunConfig; `overrides` replace top-level fields (e.g. run_dir)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"configuration file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path} is not valid YAML: {err}") from None
+    if isinstance(data, dict) and overrides:
+        data = {**data, **overrides}
+    return parse_config(data, source=str(path))
+
+
+def dump_config(config: RunConfig) -> str:
+    """The configuration as YAML, every default written out (stored in each run directory)."""
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

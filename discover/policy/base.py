@@ -1,0 +1,46 @@
+"""What a policy backend returns when it samples, and what it needs to train."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Completion:
+    """One rollout as the sampler produced it (SPEC §1 step 2, §4).
+
+    `completion_ids` are every token after the prompt, in order: generated tokens and, when the
+    thinking budget ran out, the forced phrase. `loss_mask[i]` is 1 for a token the policy
+    generated and 0 for a forced one; only generated tokens carry loss (SPEC §2).
+    `sampler_logprobs[i]` is the sampler's log-probability of token i (0.0 for forced tokens).
+    """
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    sampler_logprobs: list[float]
+    loss_mask: list[int]
+    text: str  # the whole completion decoded: thinking, forced phrase, answer
+    answer: str  # the final answer part only (what the candidate is parsed from)
+    forced: bool = False  # True when the thinking budget ran out and the phrase was appended
+    finish_reason: str = "stop"  # "stop" (end of sequence) or "length" (context exhausted)
+
+
+@dataclass(frozen=True)
+class GenerationSettings:
+    """Token budgets of the two-phase completion (SPEC §4)."""
+
+    context_tokens: int = 32768  # prompt + thinking + answer may never exceed this
+    thinking_budget: int = 26000  # prompt + thinking may use at most this many tokens
+    max_answer_tokens: int = 6768  # answer tokens after the thinking phase
+    temperature: float = 1.0
+    think_end: str | None = None  # marker that ends the thinking; None: no thinking phase
+    forced_phrase: str = "\n\n... okay, I am out of thinking tokens. I need to send my final message now.\n\n"
+
+
+@dataclass
+class TrainBatch:
+    """Everything one optimizer step needs, per rollout (SPEC §2)."""
+
+    completions: list[Completion]
+    advantages: list[float]  # one sequence-level advantage A_n per completion
+    stats: dict[str, float] = field(default_factory=dict)

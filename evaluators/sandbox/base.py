@@ -1,0 +1,45 @@
+"""The contract every sandbox backend keeps: run untrusted Python under limits, return plain data."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    """Resource limits for one candidate run (SPEC §5 gives each problem's values)."""
+
+    timeout_s: float = 60.0  # wall clock; the whole process tree is killed past it
+    memory_mb: int = 1024  # address-space limit of the candidate process
+    cpus: int = 2  # CPU threads offered to numeric libraries
+    max_output_bytes: int = 1_000_000  # cap on captured stdout+stderr and on the returned data
+    max_processes: int = 64  # process-count limit, where the backend can enforce it
+
+
+@dataclass(frozen=True)
+class SandboxResult:
+    """What came back from one run. `output` is the entry point's return value as JSON data."""
+
+    ok: bool  # True when the entry point returned and its value was read back
+    output: Any = None  # JSON-decoded return value of the entry point
+    reason: str = ""  # why not ok: "timeout after 5.0 s", "exit code 1", "memory limit", ...
+    logs: str = ""  # tail of stdout+stderr, capped
+    duration_s: float = 0.0
+
+
+class Sandbox(Protocol):
+    name: str
+
+    def run(
+        self,
+        program: str,
+        entry: str,
+        argument: Any,
+        limits: SandboxLimits,
+    ) -> SandboxResult:
+        """Run `program`, call its function `entry(argument)` and return the value as plain data.
+
+        `argument` and the return value cross the boundary as JSON, never pickle.
+        """
+        ...
