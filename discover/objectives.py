@@ -1,0 +1,166 @@
+"""Training objectives (SPEC §2): per-group advantages and the token-level loss.
+
+Group level (numpy, float64): the entropic objective with an adaptive or constant beta and
+leave-one-out (LOO) advantages, the expected-reward baseline, and "none" (no training).
+Token level (torch): KL shaping towards the base model and the importance-sampling loss.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+OBJECTIVES = ("entropic-adaptive", "entropic-constant", "expected", "none")
+
+LOO_EPS = 1e-12  # SPEC §2: eps in A_n = e_n / (Z_-n + eps) - 1
+BETA_RANGE_CAP = 1e6  # SPEC §2: cap on u = beta * (r_max - r_min) while searching
+BISECTION_MAX_ITERS = 200  # SPEC §2: bisection iterations (stops earlier once the interval stops shrinking)
+BISECTION_REL_TOL = 1e-15  # stop when (hi - lo) <= tol * hi
+
+
+def _as_rewards(rewards: Sequence[float] | np.ndarray) -> np.ndarray:
+    r = np.asarray(rewards, dtype=np.float64).reshape(-1)
+    if not np.all(np.isfinite(r)):
+        raise ValueError(f"rewards must be finite, got {r.tolist()}")
+    return r
+
+
+def kl_to_uniform(rewards: np.ndarray, beta: float) -> float:
+    """KL(q_beta || uniform) for one group, computed with a max shift so nothing overflows."""
+    r = _as_rewards(rewards)
+    k = r.size
+    if k < 2:
+        return 0.0
+    z = beta * (r - r.max())  # <= 0, so exp never overflows
+    log_q = z - np.log(np.sum(np.exp(z)))  # SPEC §2: log q_beta(n) = beta r_n - logsumexp(beta r)
+    q = np.exp(log_q)
+    return float(np.sum(q * (log_q + math.log(k))))  # SPEC §2: KL = sum_n q(n) log(K q(n))
+
+
+def adaptive_beta(rewards: np.ndarray, gamma: float = math.log(2)) -> float | None:
+    """Beta >= 0 with KL(q_beta || uniform) == gamma; None when gamma cannot be reached.
+
+    The search runs on the dimensionless u = beta * (r_max - r_min) over range-normalised
+    rewards, so the result is invariant to r -> w r + b (w > 0); beta is returned in the
+    caller's units (u / range).
+    """
+    if not gamma > 0:
+        raise ValueError(f"gamma must be > 0, got {gamma}")
+    r = _as_rewards(rewards)
+    if r.size < 2:
+        return None
+    span = float(r.max() - r.min())
+    if span <= 0.0:
+        return None  # equal rewards: q is uniform for every beta, KL = 0
+    x = (r - r.min()) / span  # SPEC §2: normalise rewards by their range (x in [0, 1])
+    n_max = int(np.count_nonzero(r == r.max()))
+    if math.log(r.size / n_max) <= gamma:
+        return None  # SPEC §2: sup_beta KL = log(K / #argmax) <= gamma, so gamma is never reached
+
+    def kl(u: float) -> float:
+        return kl_to_uniform(x, u)
+
+    # SPEC §2: grow the upper end by doubling (from 1.0) until the KL exceeds gamma; cap it.
+    lo, hi = 0.0, 1.0
+    while kl(hi) < gamma:
+        lo = hi
+        if hi >= BETA_RANGE_CAP:
+            return None  # unreachable within the cap (e.g. max KL = log(K / #argmax) <= gamma)
+        hi = min(2.0 * hi, BETA_RANGE_CAP)
+
+    # SPEC §2: bisection on u for KL(q_u || uniform) = gamma (KL is nondecreasing in u).
+    for _ in range(BISECTION_MAX_ITERS):
+        if hi - lo <= BISECTION_REL_TOL * hi:
+            break
+        mid = 0.5 * (lo + hi)
+        if mid <= lo or mid >= hi:
+            break
+        if kl(mid) < gamma:
+            lo = mid
+        else:
+            hi = mid
+    u = 0.5 * (lo + hi)
+    return u / span  # SPEC §2: beta = u / range, in the caller's units
+
+
+def loo_entropic_advantages(rewards: np.ndarray, beta: float) -> np.ndarray:
+    """Leave-one-out entropic advantages A_n = e_n / (Z_-n + eps) - 1 (zeros when K < 2)."""
+    r = _as_rewards(rewards)
+    k = r.size
+    if k < 2:
+        return np.zeros(k, dtype=np.float64)
+    e = np.exp(beta * (r - r.max()))  # SPEC §2: e_n = exp(beta (r_n - r_max))
+    # sum_{m != n} e_m via prefix + suffix sums (no cancellation from "total - e_n")
+    before = np.concatenate(([0.0], np.cumsum(e)[:-1]))
+    after = np.concatenate((np.cumsum(e[::-1])[::-1][1:], [0.0]))
+    z_loo = (before + after) / (k - 1)  # SPEC §2: Z_-n = (sum_{m != n} e_m) / (K - 1)
+    return e / (z_loo + LOO_EPS) - 1.0  # SPEC §2: A_n = e_n / (Z_-n + eps) - 1
+
+
+@dataclass(frozen=True)
+class GroupAdvantages:
+    advantages: np.ndarray  # shape (K,), float64
+    beta: float  # the beta used; float('nan') when not applicable (expected/none or unreachable)
+
+
+def group_advantages(
+    rewards: Sequence[float],
+    objective: str,
+    gamma: float = math.log(2),
+    constant_beta: float = 2.0,
+) -> GroupAdvantages:
+    """Advantages for one group of K rollouts from the same start state (SPEC §2)."""
+    if objective not in OBJECTIVES:
+        raise ValueError(f"unknown objective {objective!r}; allowed values: {', '.join(OBJECTIVES)}")
+    r = _as_rewards(rewards)
+    zeros = np.zeros(r.size, dtype=np.float64)
+    if objective == "none":
+        return GroupAdvantages(zeros, math.nan)  # SPEC §2: "none": no training
+    if objective == "expected":
+        if r.size < 2:
+            return GroupAdvantages(zeros, math.nan)
+        return GroupAdvantages(r - r.mean(), math.nan)  # SPEC §2: expected reward, A_n = r_n - mean(r)
+    if r.size < 2:
+        return GroupAdvantages(zeros, math.nan)  # SPEC §2: K < 2 gives zero advantages
+    if objective == "entropic-constant":
+        beta = float(constant_beta)  # SPEC §2: constant beta, same LOO form
+        return GroupAdvantages(loo_entropic_advantages(r, beta), beta)
+    beta_or_none = adaptive_beta(r, gamma)  # SPEC §2: adaptive beta with KL = gamma
+    if beta_or_none is None:
+        return GroupAdvantages(zeros, math.nan)  # SPEC §2: gamma unreachable -> zero advantages
+    return GroupAdvantages(loo_entropic_advantages(r, beta_or_none), beta_or_none)
+
+
+def kl_shaped_advantages(
+    advantage: torch.Tensor,
+    logp_policy: torch.Tensor,
+    logp_base: torch.Tensor,
+    kl_coef: float,
+) -> torch.Tensor:
+    """Per-token advantages A_n - lambda * (logp_policy - logp_base), all detached."""
+    logp_policy = logp_policy.detach()
+    logp_base = logp_base.detach()
+    adv = torch.as_tensor(advantage, dtype=logp_policy.dtype, device=logp_policy.device).detach()
+    shaped = adv - kl_coef * (logp_policy - logp_base)  # SPEC §2: KL shaping towards pi_0
+    return shaped.detach()
+
+
+def importance_sampling_loss(
+    logp_learner: torch.Tensor,
+    logp_sampler: torch.Tensor,
+    token_advantages: torch.Tensor,
+    mask: torch.Tensor,
+) -> torch.Tensor:
+    """Scalar loss -sum(exp(logp_learner - logp_sampler) * A_token * mask); grads via logp_learner only."""
+    keep = mask.to(torch.bool)
+    diff = logp_learner - logp_sampler.detach()
+    # masked tokens get exactly zero (and zero gradient) even if their log-probs are -inf/nan
+    diff = torch.where(keep, diff, torch.zeros_like(diff))
+    ratio = torch.exp(diff)
+    weight = mask.to(logp_learner.dtype) * token_advantages.detach().to(logp_learner.dtype)
+    weight = torch.where(keep, weight, torch.zeros_like(weight))
+    return -(ratio * weight).sum()  # SPEC §2: importance-sampling policy gradient loss
