@@ -1,0 +1,109 @@
+"""Runs inside the sandbox: load candidate.py, call its entry point, write the value as JSON.
+
+Started by `ProcessSandbox` as `python -s -B -P harness.py job.json` with cwd = the run's temp
+dir. Uses only the standard library, so nothing is imported that the candidate did not ask for.
+Exit codes: 0 value written to output.json; 1 the candidate raised (traceback on stderr);
+3 the entry point is missing; 4 the return value is not JSON data.
+The candidate shares this interpreter and can subvert all of it; that only hurts itself,
+since whatever it leaves in output.json is untrusted data that the parent verifies.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import resource
+import sys
+import traceback
+
+EXIT_RAISED, EXIT_NO_ENTRY, EXIT_BAD_VALUE = 1, 3, 4
+
+
+def _set_limits(job: dict) -> None:
+    """Resource limits, applied before any candidate code runs (inherited by its children)."""
+    mb = 1024 * 1024
+    resource.setrlimit(resource.RLIMIT_AS, (job["memory_mb"] * mb,) * 2)
+    resource.setrlimit(resource.RLIMIT_CPU, (job["cpu_s"], job["cpu_s"] + 1))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (job["fsize_mb"] * mb,) * 2)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    # RLIMIT_NPROC counts every task (process or thread) of the user, and root ignores it.
+    resource.setrlimit(resource.RLIMIT_NPROC, (job["nproc"],) * 2)
+
+
+def _to_json(value, depth: int = 0):
+    """Plain JSON data from the return value: numpy arrays -> lists, numpy scalars -> numbers."""
+    if depth > 100:
+        raise ValueError("return value is nested more than 100 levels deep")
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value  # NaN/inf stay as they are; the verifier rejects them
+    np = sys.modules.get("numpy")  # a numpy value implies the candidate imported numpy
+    if np is not None and isinstance(value, (np.ndarray, np.generic)):
+        return _to_json(value.tolist(), depth + 1)
+    if isinstance(value, (list, tuple)):
+        return [_to_json(v, depth + 1) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _to_json(v, depth + 1) for k, v in value.items()}
+    raise TypeError(f"return value contains a {type(value).__name__}, which is not JSON data")
+
+
+def _print_candidate_traceback(err: BaseException) -> None:
+    """The traceback without this harness's own frames."""
+    tb = err.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next
+    traceback.print_exception(type(err), err, tb, file=sys.stderr)
+
+
+def main() -> int:
+    with open(sys.argv[1], encoding="utf-8") as f:
+        job = json.load(f)
+    _set_limits(job)
+    with open("input.json", encoding="utf-8") as f:
+        argument = json.load(f)
+    sys.dont_write_bytecode = True
+
+    path = os.path.abspath("candidate.py")
+    with open(path, encoding="utf-8", errors="replace") as f:
+        source = f.read()
+    try:
+        code = compile(source, path, "exec", dont_inherit=True)
+    except (SyntaxError, ValueError) as err:  # ValueError: source with null bytes
+        print("".join(traceback.format_exception_only(type(err), err)), end="", file=sys.stderr)
+        return EXIT_RAISED
+    spec = importlib.util.spec_from_file_location("candidate", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["candidate"] = module
+    try:
+        exec(code, module.__dict__)
+        fn = getattr(module, job["entry"], None)
+        if not callable(fn):
+            print(f"program defines no function `{job['entry']}`", file=sys.stderr, flush=True)
+            return EXIT_NO_ENTRY
+        value = fn(argument)
+    except BaseException as err:  # SystemExit too: the candidate never returned a value
+        _print_candidate_traceback(err)
+        return EXIT_RAISED
+
+    try:
+        data = json.dumps(_to_json(value), allow_nan=True)
+    except (TypeError, ValueError, RecursionError) as err:
+        print(f"bad return value: {err}", file=sys.stderr, flush=True)
+        return EXIT_BAD_VALUE
+    with open("output.json.part", "w", encoding="utf-8") as f:
+        f.write(data)
+    os.replace("output.json.part", "output.json")
+    return 0
+
+
+if __name__ == "__main__":
+    code = main()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # e.g. the output file hit RLIMIT_FSIZE
+            pass
+    # Skip interpreter teardown (atexit hooks, non-daemon threads the candidate left running).
+    os._exit(code)

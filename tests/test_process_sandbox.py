@@ -1,0 +1,191 @@
+"""The process sandbox: values come back as JSON, failures have reasons, nothing is left behind."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from evaluators.sandbox import ProcessSandbox, SandboxLimits, get_sandbox
+
+LIMITS = SandboxLimits(timeout_s=10.0, memory_mb=1024, cpus=1, max_output_bytes=100_000)
+
+
+def run(program: str, argument=None, **limits):
+    return ProcessSandbox().run(program, "construct", argument, SandboxLimits(**{**LIMITS.__dict__, **limits}))
+
+
+def _live_pids_in_group(pgid: int) -> list[int]:
+    """Processes of group `pgid` that are not zombies (zombies may wait for an absent reaper)."""
+    live = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()  # state, ppid, pgrp, ...
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            live.append(int(entry.name))
+    return live
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
+def _wait_dead(pid: int, seconds: float = 2.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return not _alive(pid)
+
+
+def _pid_from_logs(logs: str) -> int:
+    return int(next(line for line in logs.splitlines() if line.startswith("PID ")).split()[1])
+
+
+def test_good_program_returns_its_value():
+    program = "import numpy as np\ndef construct(parent):\n    return {'x': np.arange(3) / 2, 'p': parent, 's': np.float64(1.5)}\n"
+    result = run(program, argument=[1, 2])
+    assert result.ok, result.reason
+    assert result.output == {"x": [0.0, 0.5, 1.0], "p": [1, 2], "s": 1.5}
+    assert result.duration_s > 0
+
+
+def test_scipy_is_importable_and_nan_comes_back_as_data():
+    program = "import math, scipy.optimize\ndef construct(parent):\n    return [math.nan, math.inf]\n"
+    result = run(program)
+    assert result.ok, result.reason
+    assert result.output[0] != result.output[0] and result.output[1] == float("inf")
+
+
+def test_syntax_error_is_reported():
+    result = run("def construct(parent)\n    return 1\n")
+    assert not result.ok
+    assert "SyntaxError" in result.reason and result.reason.startswith("exit code 1")
+
+
+def test_exception_is_reported_with_its_last_line():
+    result = run("def construct(parent):\n    raise ValueError('boom')\n")
+    assert not result.ok and result.reason == "exit code 1: ValueError: boom"
+    assert "Traceback" in result.logs
+
+
+def test_missing_entry_point():
+    result = run("def solve(parent):\n    return 1\n")
+    assert not result.ok and result.reason == "program defines no function `construct`"
+
+
+def test_non_json_return_value_is_rejected():
+    result = run("def construct(parent):\n    return object()\n")
+    assert not result.ok and "not JSON data" in result.reason
+
+
+def test_infinite_loop_is_killed_at_the_timeout_with_its_children():
+    program = (
+        "import os, subprocess\n"
+        "def construct(parent):\n"
+        "    child = subprocess.Popen(['sleep', '1000'])\n"
+        "    print('PID', os.getpid(), flush=True)\n"
+        "    print('CHILD', child.pid, flush=True)\n"
+        "    while True:\n"
+        "        pass\n"
+    )
+    start = time.monotonic()
+    result = run(program, timeout_s=1.0)
+    assert time.monotonic() - start < 5
+    assert not result.ok and result.reason == "timeout after 1 s"
+    pgid = _pid_from_logs(result.logs)
+    child = int(next(line for line in result.logs.splitlines() if line.startswith("CHILD ")).split()[1])
+    assert _wait_dead(child)
+    assert _live_pids_in_group(pgid) == []
+
+
+def test_background_child_is_killed_after_a_normal_return():
+    program = (
+        "import subprocess\n"
+        "def construct(parent):\n"
+        "    return subprocess.Popen(['sleep', '1000']).pid\n"
+    )
+    result = run(program)
+    assert result.ok, result.reason
+    assert _wait_dead(result.output)
+
+
+def test_child_that_left_the_process_group_is_killed_by_its_marker():
+    program = (
+        "import subprocess\n"
+        "def construct(parent):\n"
+        "    return subprocess.Popen(['sleep', '1000'], start_new_session=True).pid\n"
+    )
+    result = run(program)
+    assert result.ok, result.reason
+    assert _wait_dead(result.output)
+
+
+def test_memory_bomb_is_stopped():
+    result = run("def construct(parent):\n    return len(bytearray(4 * 2**30))\n", memory_mb=256)
+    assert not result.ok and "memory" in result.reason.lower()
+
+
+def test_numpy_memory_bomb_is_stopped():
+    program = "import numpy as np\ndef construct(parent):\n    return float(np.ones(2**29).sum())\n"
+    result = run(program, memory_mb=256)
+    assert not result.ok and "memory" in result.reason.lower()
+
+
+def test_parent_environment_secrets_are_not_inherited(monkeypatch):
+    monkeypatch.setenv("DISCOVER_TEST_SECRET", "x")
+    program = (
+        "import os\n"
+        "def construct(parent):\n"
+        "    return [os.environ.get('DISCOVER_TEST_SECRET'), os.environ['HOME'] == os.getcwd(),\n"
+        "            os.environ['OMP_NUM_THREADS']]\n"
+    )
+    result = run(program, cpus=3)
+    assert result.ok, result.reason
+    assert result.output == [None, True, "3"]
+
+
+def test_stdout_flood_is_capped():
+    program = (
+        "import sys\n"
+        "def construct(parent):\n"
+        "    chunk = 'x' * 2**20\n"
+        "    for _ in range(50):\n"
+        "        sys.stdout.write(chunk)\n"
+        "    print('the end', file=sys.stderr)\n"
+        "    return 1\n"
+    )
+    result = run(program, max_output_bytes=10_000)
+    assert result.ok and result.output == 1
+    assert len(result.logs) <= 10_000
+    assert result.logs.rstrip().endswith("the end")
+
+
+def test_oversized_return_value_is_rejected():
+    result = run("def construct(parent):\n    return 'x' * 200_000\n", max_output_bytes=100_000)
+    assert not result.ok and "too large" in result.reason
+
+
+def test_temp_dir_is_removed():
+    result = run("import os\ndef construct(parent):\n    os.chmod('.', 0o500)\n    return os.getcwd()\n")
+    assert result.ok, result.reason
+    assert not os.path.exists(result.output)
+
+
+def test_get_sandbox():
+    assert get_sandbox("process").name == "process"
+    assert get_sandbox("auto").name == "process"
+    with pytest.raises(ValueError, match="docker"):
+        get_sandbox("docker")
+    with pytest.raises(ValueError, match="unknown"):
+        get_sandbox("vm")
