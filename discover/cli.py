@@ -176,5 +176,13 @@ def _print_result(problem: str, result, as_json: bool) -> None:
         raise typer.Exit(1)
 
 
+@app.command("config-doc")
+def config_doc() -> None:
+    """Print the configuration reference (docs/configuration.md) generated from the code."""
+    from discover.config import reference_markdown
+
+    typer.echo(reference_markdown(), nl=False)
+
+
 if __name__ == "__main__":
     app()

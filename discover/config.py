@@ -173,3 +173,38 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Ru
 def dump_config(config: RunConfig) -> str:
     """The configuration as YAML, every default written out (stored in each run directory)."""
     return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+
+
+def reference_markdown() -> str:
+    """docs/configuration.md, generated from the field descriptions above (a test keeps it in sync)."""
+    lines = [
+        "# Run configuration",
+        "",
+        "A run is configured by one YAML file (`configs/toy.yaml` is the embedded default, `configs/erdos.yaml`",
+        "the paper's settings). Unknown fields are errors; every error names the field and the allowed values.",
+        "Defaults follow the method paper's Table 9 (see `docs/defaults.md`). This page is generated from",
+        "`discover/config.py` by `discover config-doc > docs/configuration.md`.",
+        "",
+    ]
+
+    def table(model: type[BaseModel], prefix: str) -> None:
+        nested = []
+        lines.extend(["| field | default | meaning |", "|---|---|---|"])
+        for name, f in model.model_fields.items():
+            if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel):
+                nested.append((name, f.annotation))
+                continue
+            if f.is_required():
+                default = "required"
+            else:
+                value = f.default_factory() if f.default_factory else f.default
+                default = f"`{str(value) if isinstance(value, Path) else value!r}`"
+            lines.append(f"| `{prefix}{name}` | {default} | {f.description or ''} |")
+        lines.append("")
+        for name, sub in nested:
+            lines.extend([f"## `{name}:` — {(sub.__doc__ or '').strip().splitlines()[0]}", ""])
+            table(sub, f"{name}.")
+
+    lines.extend(["## Top level", ""])
+    table(RunConfig, "")
+    return "\n".join(lines)

@@ -5,15 +5,17 @@ from __future__ import annotations
 from pathlib import Path
 
 from prefect import flow
-from prefect.filesystems import LocalFileSystem
 
 from flows import tasks
 from storage.layout import RunLayout
 
 
-def result_storage(run_dir: str) -> LocalFileSystem:
-    """Task results (small references) live beside the run, so a resumed run finds its cache."""
-    return LocalFileSystem(basepath=str(RunLayout(Path(run_dir)).prefect_results.resolve()))
+def result_storage(run_dir: str) -> Path:
+    """Task results (small references) live beside the run, so a resumed run finds its cache.
+
+    Prefect takes a `Path` as local-file-system storage; the JSON serializer keeps them readable.
+    """
+    return RunLayout(Path(run_dir)).prefect_results.resolve()
 
 
 @flow(name="discovery-step", flow_run_name="step-{step}")
@@ -22,7 +24,7 @@ def discovery_step(run_dir: str, step: int) -> dict[str, dict[str, str]]:
     storage = result_storage(run_dir)
 
     def run(t):  # a task, with this run's result storage
-        return t.with_options(result_storage=storage)(run_dir, step)
+        return t.with_options(result_storage=storage, result_serializer="json")(run_dir, step)
 
     parents = run(tasks.select_parents)
     rollouts = run(tasks.generate)

@@ -14,3 +14,16 @@ def reference_dir() -> Path:
     if not path.is_dir():
         pytest.skip(f"reference constructions not found at {path} (expected beside the repository)")
     return path
+
+
+@pytest.fixture(scope="session")
+def tiny_model_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A DISCOVER_CACHE holding the tiny model, built once per session (never the user's cache)."""
+    import os
+
+    from discover.policy.tiny_model import TINY_MODEL_NAME, build_tiny_model
+
+    cache = tmp_path_factory.mktemp("discover-cache")
+    build_tiny_model(cache / "models" / TINY_MODEL_NAME)
+    os.environ["DISCOVER_CACHE"] = str(cache)
+    return cache

@@ -4,7 +4,7 @@ Everything is built offline and deterministically from a small built-in corpus, 
 pipeline (sampling, training, saving adapters) runs without a model hub. The model is randomly
 initialised: it produces noise, which is all the tests and the smoke runs need.
 
-`tiny_model_path()` returns `$DISCOVER_CACHE/models/tiny-gpt2-v1` (DISCOVER_CACHE defaults to
+`tiny_model_path()` returns `$DISCOVER_CACHE/models/tiny-gpt2-v2` (DISCOVER_CACHE defaults to
 `~/.cache/ttt-discover`), building it there on first use. The build writes into a temporary
 directory beside the target and renames it into place, so a crash never leaves half a model and
 concurrent builders are harmless (the first rename wins, the others discard their copy).
@@ -17,7 +17,7 @@ import shutil
 import uuid
 from pathlib import Path
 
-TINY_MODEL_NAME = "tiny-gpt2-v1"
+TINY_MODEL_NAME = "tiny-gpt2-v2"
 SPECIAL_TOKEN = "<|endoftext|>"
 VOCAB_SIZE = 512
 N_POSITIONS = 2048
@@ -120,6 +120,9 @@ def build_tiny_model(out_dir: Path, seed: int = 0) -> Path:
         n_embd=64,
         n_layer=2,
         n_head=4,
+        # Output embeddings are tied to the inputs; at GPT-2's default 0.02 their norm caps every
+        # logit near 1, so no adapter could make a token likely. 0.2 leaves room to learn.
+        initializer_range=0.2,
         resid_pdrop=0.0,
         embd_pdrop=0.0,
         attn_pdrop=0.0,

@@ -1,7 +1,8 @@
 """The toy problem: grow a hidden digit string, a few digits per action.
 
 State: a string of at most `length` digits. Action: the model's answer; its first `chunk` digits are
-appended to the parent's string (the answer's other characters are ignored). Reward: the mean over
+appended to the parent's string (the answer's other characters are ignored; digits past `length`
+are dropped, and a complete string has no valid children). Reward: the mean over
 all `length` positions of a graded match with a hidden target (1 for the right digit, 0.5 for one
 off, 0 otherwise; a missing position scores 0), so the reward is continuous in [0, 1].
 
@@ -54,7 +55,7 @@ class DigitsProblem:
             return EvalResult.invalid("parent construction is not a digit string")
         if len(prefix) >= self.length:
             return EvalResult.invalid(f"the string is already complete ({self.length} digits)")
-        return self.verify(prefix + candidate[: self.chunk])
+        return self.verify((prefix + candidate[: self.chunk])[: self.length])
 
     def verify(self, construction: Any) -> EvalResult:
         if isinstance(construction, dict):

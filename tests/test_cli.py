@@ -1,0 +1,73 @@
+"""The `discover` command as a user runs it: verify, evaluate, and their errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from discover.cli import app
+
+runner = CliRunner()
+
+
+def _invoke(*args: str):
+    return runner.invoke(app, list(args))
+
+
+@pytest.mark.parametrize("name", ["haugland_2016.json", "alphaevolve_v2.json", "ttt_discover.json"])
+def test_verify_erdos_reproduces_the_published_bounds(reference_dir: Path, name: str) -> None:
+    path = reference_dir / "math" / "erdos" / name
+    result = _invoke("verify", "erdos", str(path), "--json")
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    reported = json.loads(path.read_text())["reported_bound"]
+    assert out["valid"] and abs(out["bound"] - reported) <= 1e-6
+    assert out["reward"] == pytest.approx(1 / out["bound"])
+
+
+@pytest.mark.parametrize(
+    "construction",
+    ["[NaN, 0.5]", "[Infinity, 0.5]", "[-0.1, 0.5]", "[1.5, 0.5]", "[]", json.dumps([0.5] * 1001), '["a", 0.5]', "[true, 0.5]", '{"values": 3}', '"text"'],
+)
+def test_verify_rejects_invalid_constructions_with_a_reason(tmp_path: Path, construction: str) -> None:
+    path = tmp_path / "c.json"
+    path.write_text(construction)
+    result = _invoke("verify", "erdos", str(path), "--json")
+    assert result.exit_code == 1
+    out = json.loads(result.output)
+    assert out["valid"] is False and out["reward"] == 0.0 and out["reason"]
+
+
+def test_verify_reports_unreadable_input(tmp_path: Path) -> None:
+    path = tmp_path / "c.json"
+    path.write_text("[0.5, ")
+    result = _invoke("verify", "erdos", str(path))
+    assert result.exit_code == 2 and "not valid JSON" in result.output
+    assert "no such file" in _invoke("verify", "erdos", str(tmp_path / "absent.json")).output
+    unknown = _invoke("verify", "nope", str(path))
+    assert unknown.exit_code == 2 and "known problems: erdos, toy" in unknown.output
+
+
+def test_evaluate_scores_a_program_in_the_sandbox(tmp_path: Path) -> None:
+    program = tmp_path / "candidate.py"
+    program.write_text("def construct(parent):\n    return [0.5] * 50\n")
+    result = _invoke("evaluate", "erdos", str(program), "--json", "--sandbox", "process")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["reward"] == pytest.approx(2.0)  # h = 1/2 gives bound 1/2
+
+
+def test_evaluate_gives_reward_zero_and_the_reason_for_a_failing_program(tmp_path: Path) -> None:
+    program = tmp_path / "candidate.py"
+    program.write_text("def construct(parent):\n    raise RuntimeError('boom')\n")
+    result = _invoke("evaluate", "erdos", str(program), "--json", "--sandbox", "process")
+    out = json.loads(result.output)
+    assert result.exit_code == 1 and out["reward"] == 0.0 and "boom" in out["reason"]
+    assert "--sandbox must be one of" in _invoke("evaluate", "erdos", str(program), "--sandbox", "vm").output
+
+
+def test_status_of_a_folder_that_is_no_run(tmp_path: Path) -> None:
+    result = _invoke("status", str(tmp_path))
+    assert result.exit_code == 2 and "not a run directory" in result.output

@@ -1,0 +1,71 @@
+"""The run configuration: defaults from the paper, errors that name the field and the fix."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from discover.config import ConfigError, load_config, parse_config, reference_markdown
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_defaults_are_the_papers_table_9() -> None:
+    c = parse_config({"problem": "erdos"})
+    assert (c.steps, c.groups, c.rollouts_per_group, c.rollouts_per_step) == (50, 8, 64, 512)
+    assert c.model.lora_rank == 32
+    assert (c.train.learning_rate, c.train.adam_betas, c.train.adam_eps) == (4e-5, (0.9, 0.95), 1e-8)
+    assert c.train.kl_coef == 0.1 and c.train.gamma == pytest.approx(math.log(2))
+    assert c.reuse.puct_c == 1.0 and c.reuse.rule == "puct" and c.train.objective == "entropic-adaptive"
+    assert (c.sampling.context_tokens, c.sampling.thinking_budget, c.sampling.temperature) == (32768, 26000, 1.0)
+    assert (c.reuse.children_per_parent, c.reuse.archive_size) == (2, 1000)
+
+
+@pytest.mark.parametrize(
+    "data, field, hint",
+    [
+        ({"problem": "toy", "reuse": {"rule": "pcut"}}, "reuse.rule", "'puct', 'epsilon-greedy' or 'none'"),
+        ({"problem": "toy", "train": {"objective": "grpo"}}, "train.objective", "'entropic-adaptive', 'entropic-constant', 'expected' or 'none'"),
+        ({"problem": "nope"}, "problem", "allowed values: erdos, toy"),
+        ({"problem": "toy", "stepz": 3}, "stepz", "unknown field"),
+        ({"problem": "toy", "train": {"learning_rate": 0}}, "train.learning_rate", "greater than 0"),
+        ({"problem": "toy", "groups": 0}, "groups", "greater than or equal to 1"),
+        ({"problem": "toy", "train": {"adam_betas": [0.9, 1.5]}}, "train.adam_betas", "[0, 1)"),
+        ({"problem": "toy", "sampling": {"context_tokens": 100, "thinking_budget": 200}}, "thinking_budget", "exceeds"),
+        ({}, "problem", "Field required"),
+    ],
+)
+def test_bad_configuration_names_the_field_and_allowed_values(data: dict, field: str, hint: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config(data, source="run.yaml")
+    message = str(err.value)
+    assert "run.yaml" in message and field in message and hint in message
+
+
+def test_load_config_reports_missing_file_and_bad_yaml(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "absent.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("problem: [toy\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+
+
+@pytest.mark.parametrize("name", ["toy.yaml", "erdos.yaml"])
+def test_shipped_configs_are_valid(name: str) -> None:
+    load_config(ROOT / "configs" / name)
+
+
+def test_configuration_reference_matches_the_code() -> None:
+    assert (ROOT / "docs" / "configuration.md").read_text() == reference_markdown(), (
+        "docs/configuration.md is stale: run `discover config-doc > docs/configuration.md`"
+    )
+
+
+def test_overrides_replace_top_level_fields(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({"problem": "toy", "run_dir": "a"}))
+    assert load_config(path, {"run_dir": str(tmp_path / "b")}).run_dir == tmp_path / "b"

@@ -1,0 +1,106 @@
+"""A run killed with SIGKILL inside each of the five tasks resumes to the same archive (DESIGN.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from storage.manifest import TASKS, read_manifest
+from storage.tables import read_archive
+
+pytestmark = pytest.mark.slow
+
+STEPS = 3
+
+
+def _config(run_dir: Path) -> dict:
+    return {
+        "problem": "toy",
+        "run_dir": str(run_dir),
+        "seed": 7,
+        "steps": STEPS,
+        "groups": 2,
+        "rollouts_per_group": 4,
+        "model": {"name": "tiny", "lora_rank": 4, "device": "cpu"},
+        "train": {"learning_rate": 0.01, "kl_coef": 0.01},
+        "sampling": {"context_tokens": 512, "thinking_budget": 512, "max_answer_tokens": 8},
+    }
+
+
+def _discover(args: list[str], env: dict[str, str], crash: str | None = None) -> subprocess.CompletedProcess:
+    env = dict(env)
+    if crash:
+        env["DISCOVER_CRASH_AT"] = crash
+    # A new session: the crash hook kills the whole group (the temporary Prefect server included).
+    proc = subprocess.run(
+        [sys.executable, "-m", "discover.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        start_new_session=True,
+    )
+    return proc
+
+
+def _final_archive(run_dir: Path) -> tuple[list[tuple], int]:
+    records, total = read_archive(run_dir / "archive" / f"{STEPS:04d}.parquet")
+    return [(r["id"], r["reward"], r["parent_id"], r["lineage"], r["visits"], r["best_child_reward"]) for r in records], total
+
+
+@pytest.fixture
+def env(tmp_path: Path, tiny_model_cache: Path) -> dict[str, str]:
+    e = dict(os.environ)
+    e.update(
+        {
+            "PREFECT_HOME": str(tmp_path / "prefect-home"),
+            "PREFECT_LOGGING_LEVEL": "WARNING",
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "DISCOVER_CACHE": str(tiny_model_cache),
+        }
+    )
+    e.pop("DISCOVER_CRASH_AT", None)
+    return e
+
+
+def test_sigkill_inside_every_task_then_resume_gives_the_same_archive(tmp_path: Path, env: dict[str, str]) -> None:
+    ref_dir, crash_dir = tmp_path / "uninterrupted", tmp_path / "crashed"
+    for d in (ref_dir, crash_dir):
+        (tmp_path / f"{d.name}.yaml").write_text(yaml.safe_dump(_config(d)))
+
+    done = _discover(["run", str(tmp_path / "uninterrupted.yaml")], env)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    # One kill inside each task, at its start or after its output is written but before it is
+    # recorded; each kill is followed by a resume that dies at the next crash point.
+    crashes = ["select_parents:0:start", "generate:0:end", "evaluate:1:start", "update_archive:1:end", "train:2:start"]
+    first = _discover(["run", str(tmp_path / "crashed.yaml")], env, crash=crashes[0])
+    assert first.returncode == -signal.SIGKILL, first.stderr[-3000:]
+    for crash in crashes[1:]:
+        proc = _discover(["resume", str(crash_dir)], env, crash=crash)
+        assert proc.returncode == -signal.SIGKILL, f"no crash at {crash}: {proc.stderr[-3000:]}"
+    last = _discover(["resume", str(crash_dir)], env)
+    assert last.returncode == 0, last.stderr[-3000:]
+
+    assert _final_archive(crash_dir) == _final_archive(ref_dir)
+
+    # Nothing that had finished ran again: each task of each step finished exactly once.
+    executions = [(e["step"], e["task"]) for e in read_manifest(crash_dir / "manifest.json")["executions"]]
+    assert sorted(executions) == sorted((s, t) for s in range(STEPS) for t in TASKS)
+
+    # The trained adapters agree too (training is deterministic on CPU for a fixed seed).
+    for step in range(STEPS + 1):
+        a = (ref_dir / "checkpoints" / f"{step:04d}" / "adapter" / "adapter_model.safetensors").read_bytes()
+        b = (crash_dir / "checkpoints" / f"{step:04d}" / "adapter" / "adapter_model.safetensors").read_bytes()
+        assert a == b, f"adapter of step {step} differs"
+
+    status = subprocess.run([sys.executable, "-m", "discover.cli", "status", str(crash_dir)], env=env, capture_output=True, text=True)
+    assert status.returncode == 0, status.stderr
+    assert f"{STEPS}/{STEPS} steps" in status.stdout
