@@ -7,7 +7,7 @@ For each seed it runs, as real discovery flows on the embedded tiny model:
 Each arm samples steps x groups x rollouts_per_group completions. It prints a table of the best
 reward per arm and seed, and exits non-zero unless TTT beats best-of-N on every seed.
 
-    .venv/bin/python benchmarks/toy_learning.py [--seeds 0 1 2] [--steps 12] [--out runs/bench]
+    .venv/bin/python benchmarks/toy_learning.py [--seeds 0 1 2] [--steps N] [--out runs/bench-toy]
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def arm_config(base: dict, arm: str, seed: int, steps: int, out: Path) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--steps", type=int, default=None, help="default: the configuration's")
     parser.add_argument("--config", type=Path, default=ROOT / "configs" / "toy.yaml")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "bench-toy")
     args = parser.parse_args()
@@ -53,18 +53,19 @@ def main() -> int:
     from flows.run_flow import discovery_run
 
     base = yaml.safe_load(args.config.read_text())
+    steps = args.steps or base["steps"]
     shutil.rmtree(args.out, ignore_errors=True)
     results: dict[tuple[str, int], tuple[float, float]] = {}
     for seed in args.seeds:
         for arm in ARMS:
-            cfg = parse_config(arm_config(base, arm, seed, args.steps, args.out))
+            cfg = parse_config(arm_config(base, arm, seed, steps, args.out))
             t0 = time.time()
             out = discovery_run(run_dir=str(cfg.run_dir), config_yaml=dump_config(cfg))
             results[(arm, seed)] = (out["best_reward"], time.time() - t0)
             print(f"seed {seed} {arm:>10}: best {out['best_reward']:.4f} ({time.time() - t0:.0f} s)", flush=True)
 
-    budget = base["groups"] * base["rollouts_per_group"] * args.steps
-    print(f"\nToy problem, best reward after {args.steps} steps ({budget} samples per arm and seed)\n")
+    budget = base["groups"] * base["rollouts_per_group"] * steps
+    print(f"\nToy problem, best reward after {steps} steps ({budget} samples per arm and seed)\n")
     print("| seed | " + " | ".join(ARMS) + " | TTT − best-of-N |")
     print("|---:|" + "---:|" * (len(ARMS) + 1))
     wins = 0

@@ -1,18 +1,20 @@
 """The toy problem: grow a hidden digit string, a few digits per action.
 
-State: a string of at most `length` digits. Action: the model's answer; its first `chunk` digits are
-appended to the parent's string (the answer's other characters are ignored; digits past `length`
-are dropped, and a complete string has no valid children). Reward: the mean over
-all `length` positions of a graded match with a hidden target (1 for the right digit, 0.5 for one
-off, 0 otherwise; a missing position scores 0), so the reward is continuous in [0, 1].
+State: a string of at most `length` digits (default 96). Action: the model's answer; its first
+`chunk` digits (default 4) are appended to the parent's string (the answer's other characters are
+ignored; digits past `length` are dropped, and a complete string has no valid children). Reward:
+the mean over all `length` positions of a graded match with a hidden target (1 for the right digit,
+0.5 for one off, 0 otherwise; a missing position scores 0), so it is continuous in [0, 1]. The
+target repeats a hidden random motif of `period` digits (default 4).
 
 Why both parts of TTT-Discover matter here:
 - reuse: one action adds at most `chunk` digits, so a rollout from the empty seed scores at most
-  chunk/length; a high reward needs a lineage of states, each expanded from a good parent;
-- training: the target is hidden and fixed, and each digit position sits at a fixed token position
-  of the prompt (the context's other parts have constant length), so a policy that learns
-  "digit i of the target" writes better chunks at every later step; an untrained policy guesses.
-The tiny embedded model learns it in minutes on CPU; `benchmarks/toy_learning.py` measures both.
+  chunk/length (0.042 by default); a high reward needs a deep lineage of states, each expanded
+  from a good parent, which only reuse builds;
+- training: the motif is hidden, so an untrained policy guesses (0.2 a position on average, when
+  it writes digits at all: only about one answer in seven of the random tiny model holds one); a policy
+  that learns to answer in digits, and which digits, writes better chunks at every later step.
+`benchmarks/toy_learning.py` measures both against PUCT without training and best-of-N.
 """
 
 from __future__ import annotations
@@ -31,12 +33,16 @@ class DigitsProblem:
     name = "toy"
     needs_sandbox = False
 
-    def __init__(self, length: int = 32, chunk: int = 8, target_seed: int = 20260121):
-        if length < 1 or chunk < 1:
-            raise ValueError("length and chunk must be at least 1")
+    def __init__(self, length: int = 96, chunk: int = 4, period: int | None = 4, target_seed: int = 20260121):
+        if length < 1 or chunk < 1 or (period is not None and period < 1):
+            raise ValueError("length, chunk and period must be at least 1")
         self.length = length
         self.chunk = chunk
-        self._target = np.random.default_rng(target_seed).integers(0, 10, size=length)
+        # The target repeats a random motif of `period` digits (None: no repetition). With the
+        # period equal to the chunk, one motif is right at every depth, so what training learns
+        # carries over to every later state; a longer period asks the policy to track position.
+        motif = np.random.default_rng(target_seed).integers(0, 10, size=period or length)
+        self._target = np.resize(motif, length)
         self.description = (
             f"Guess a hidden string of {length} digits. Your answer's first {chunk} digits are "
             f"appended to the current string. Score: mean match per position."
