@@ -87,12 +87,13 @@ def status(run_dir: Path = typer.Argument(..., help="a run directory")) -> None:
         rows, config = step_summaries(run_dir)
     except FileNotFoundError as err:
         _fail(str(err))
-    table = Table(title=f"{run_dir}  ·  problem {config.problem}  ·  {len(rows)}/{config.steps} steps started")
+    typer.echo(f"{run_dir}: problem {config.problem}, {len(rows)}/{config.steps} steps started")
+    table = Table()
     for col in ("step", "best", "mean", "valid", "beta (min–max)", "select", "generate", "evaluate", "archive", "train"):
         table.add_column(col, justify="right")
     for r in rows:
         table.add_row(*r)
-    Console().print(table)
+    Console(width=None if sys.stdout.isatty() else 160).print(table)
 
 
 def _load_problem(problem: str):
