@@ -25,7 +25,7 @@ from discover.config import RunConfig, dump_config, load_config
 from discover.objectives import group_advantages
 from discover.prompts import build_context
 from discover.reuse import select_parents as choose_parents
-from evaluators.base import ParentView, Problem
+from evaluators.base import EvalResult, ParentView, Problem
 from evaluators.registry import get_problem
 from storage.atomic import atomic_write_json, atomic_write_text, content_hash
 from storage.layout import RunLayout
@@ -211,10 +211,9 @@ def _evaluate_one(problem: Problem, sandbox: Any, answer: str, parent: ParentVie
     t0 = time.time()
     candidate = problem.parse(answer)
     if candidate is None:
-        from evaluators.base import EvalResult
-
-        return dataclasses.asdict(EvalResult.invalid("no candidate found in the answer")) | {"code": ""}, time.time() - t0
-    result = problem.evaluate(candidate, parent, sandbox)
+        result, candidate = EvalResult.invalid("no candidate found in the answer"), ""
+    else:
+        result = problem.evaluate(candidate, parent, sandbox)
     return dataclasses.asdict(result) | {"code": candidate}, time.time() - t0
 
 
