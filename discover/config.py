@@ -87,7 +87,7 @@ class SandboxConfig(_Section):
     timeout_s: float | None = Field(None, gt=0, description="wall-clock limit per candidate; null: the problem's")
     memory_mb: int | None = Field(None, ge=64, description="memory limit per candidate; null: the problem's")
     cpus: int | None = Field(None, ge=1, description="CPU threads per candidate; null: the problem's")
-    max_output_bytes: int = Field(1_000_000, ge=1024, description="cap on captured output")
+    max_output_bytes: int | None = Field(None, ge=1024, description="cap on captured output and returned data; null: the problem's")
     max_processes: int = Field(64, ge=1, description="process-count limit per candidate")
     concurrency: int = Field(2, ge=1, description="candidates evaluated at once")
 

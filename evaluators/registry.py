@@ -11,6 +11,10 @@ from evaluators.base import Problem
 _PROBLEMS: dict[str, str] = {
     "toy": "evaluators.toy.digits:DigitsProblem",
     "erdos": "evaluators.math.erdos:ErdosProblem",
+    "ac1": "evaluators.math.ac1:FirstAutocorrelationProblem",
+    "ac2": "evaluators.math.ac2:SecondAutocorrelationProblem",
+    "circles-26": "evaluators.math.circles:circles_26",
+    "circles-32": "evaluators.math.circles:circles_32",
 }
 
 
