@@ -9,7 +9,7 @@ EXTRAS := --extra dev
 export UV_PROJECT_ENVIRONMENT := $(abspath $(VENV))
 export UV_LINK_MODE := copy
 
-.PHONY: setup demo test lock clean-venv
+.PHONY: setup demo test lock clean-venv images test-images
 
 $(UV):
 	$(PYTHON) -m venv $(TOOLS)
@@ -25,7 +25,18 @@ demo: setup
 	$(VENV)/bin/discover run configs/toy.yaml
 	$(VENV)/bin/discover status runs/toy
 
-test: setup
+# Evaluator images (images/): `make images` builds python-math, cpp20 and bio (gpu: add
+# IMAGES=gpu with a registry); the base is public when a registry answers, else the offline
+# Debian base bootstrapped here (cached in .cache/images). Unchanged images are skipped.
+IMAGES ?=
+images: setup
+	$(VENV)/bin/python images/build.py $(IMAGES)
+
+# The images the tests run in; a note and no failure when no Docker engine answers.
+test-images: setup
+	$(VENV)/bin/python images/build.py --if-docker python-math cpp20
+
+test: setup test-images
 	$(VENV)/bin/python -m pytest -q
 
 lock: $(UV)

@@ -225,9 +225,9 @@ def evaluate(run_dir: Path, step: int) -> Ref:
     rollouts = read_rows(layout.rollouts(step))
     sandbox = None
     if problem.needs_sandbox:
-        from evaluators.sandbox import get_sandbox
+        from evaluators.sandbox import get_sandbox, problem_image
 
-        sandbox = get_sandbox(config.sandbox.backend)
+        sandbox = get_sandbox(config.sandbox.backend, image=problem_image(problem), concurrency=config.sandbox.concurrency)
     views = {pid: ParentView(archive[pid].code, archive[pid].construction) for pid in {r["parent_id"] for r in rollouts}}
     t0 = time.time()
     with ThreadPoolExecutor(max_workers=config.sandbox.concurrency) as pool:

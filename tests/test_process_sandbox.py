@@ -177,15 +177,25 @@ def test_oversized_return_value_is_rejected():
 
 
 def test_temp_dir_is_removed():
-    result = run("import os\ndef construct(parent):\n    os.chmod('.', 0o500)\n    return os.getcwd()\n")
-    assert result.ok, result.reason
-    assert not os.path.exists(result.output)
+    # The candidate makes its run directory unwritable (then, when it runs under its own uid as
+    # it does when we are root, it cannot write output.json either: its own loss).
+    result = run("import os\ndef construct(parent):\n    print('CWD', os.getcwd(), flush=True)\n    os.chmod('.', 0o500)\n    return 1\n")
+    cwd = next(line for line in result.logs.splitlines() if line.startswith("CWD ")).split(" ", 1)[1]
+    assert result.ok or "output.json" in result.reason, result.reason
+    assert not os.path.exists(cwd)
 
 
 def test_get_sandbox():
+    from evaluators.sandbox import docker_unavailable
+
     assert get_sandbox("process").name == "process"
-    assert get_sandbox("auto").name == "process"
-    with pytest.raises(ValueError, match="docker"):
-        get_sandbox("docker")
+    if docker_unavailable("python-math"):  # auto falls back with a warning; docker refuses
+        with pytest.warns(RuntimeWarning, match="process backend"):
+            assert get_sandbox("auto").name == "process"
+        with pytest.raises(ValueError, match="docker"):
+            get_sandbox("docker")
+    else:
+        assert get_sandbox("auto").name == "docker"
+        assert get_sandbox("docker") is get_sandbox("auto")  # one warm pool per image
     with pytest.raises(ValueError, match="unknown"):
         get_sandbox("vm")

@@ -2,18 +2,69 @@
 
 from __future__ import annotations
 
+import threading
+import warnings
+from typing import Any
+
 from evaluators.sandbox.base import Sandbox, SandboxLimits, SandboxResult
 from evaluators.sandbox.process import ProcessSandbox
 
-__all__ = ["ProcessSandbox", "Sandbox", "SandboxLimits", "SandboxResult", "get_sandbox"]
+__all__ = ["ProcessSandbox", "Sandbox", "SandboxLimits", "SandboxResult", "get_sandbox", "problem_image"]
+
+DEFAULT_IMAGE = "python-math"
+_docker_boxes: dict[tuple, Any] = {}  # one warm pool per (image, concurrency, gpu) per process
+_docker_lock = threading.Lock()
 
 
-def get_sandbox(backend: str) -> Sandbox:
-    """The sandbox for `backend`: "process", "auto" (process for now) or "docker" (not yet)."""
-    if backend in ("process", "auto"):
+def problem_image(problem: Any) -> str:
+    """The evaluator image a problem's programs need: its `image` attribute, else python-math."""
+    return getattr(problem, "image", None) or DEFAULT_IMAGE
+
+
+def docker_unavailable(image: str = DEFAULT_IMAGE) -> str:
+    """Why the docker backend cannot run `image` here, or "" when it can."""
+    try:
+        import docker  # noqa: F401
+    except ImportError:
+        return "the Docker SDK for Python (package `docker`) is not installed"
+    from evaluators.sandbox.docker import engine_answers, image_exists, image_ref
+
+    if not engine_answers():
+        return "no Docker engine answers"
+    if not image_exists(image):
+        return f"the image {image_ref(image)} is missing (build it with `make images`)"
+    return ""
+
+
+def get_sandbox(backend: str, image: str | None = None, concurrency: int = 2, gpu: bool = False) -> Sandbox:
+    """The sandbox for `backend`: "process", "docker" or "auto".
+
+    "auto" is docker when an engine answers and `image` (default python-math) exists, else the
+    process backend with a warning saying so. Docker sandboxes are pooled: the same arguments give
+    the same warm pool for the life of the process.
+    """
+    if backend not in ("process", "docker", "auto"):
+        raise ValueError(f"unknown sandbox backend {backend!r}; choose 'process', 'docker' or 'auto'")
+    if backend == "process":
         return ProcessSandbox()
-    if backend == "docker":
-        raise ValueError(
-            "the docker sandbox backend is not available yet; use sandbox backend 'process'"
-        )
-    raise ValueError(f"unknown sandbox backend {backend!r}; choose 'process', 'docker' or 'auto'")
+    image = image or DEFAULT_IMAGE
+    key = (image, max(1, int(concurrency)), bool(gpu))
+    with _docker_lock:
+        if key in _docker_boxes:
+            return _docker_boxes[key]
+        why = docker_unavailable(image)
+        if why:
+            if backend == "docker":
+                raise ValueError(f"the docker sandbox backend cannot run here: {why}")
+            warnings.warn(
+                f"sandbox 'auto': {why}; using the process backend, which does not isolate the "
+                "filesystem or the network (see README, 'The sandbox')",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return ProcessSandbox()
+        from evaluators.sandbox.docker import DockerSandbox
+
+        box = DockerSandbox(image=image, concurrency=key[1], gpu=gpu)
+        _docker_boxes[key] = box
+        return box

@@ -6,6 +6,13 @@ Exit codes: 0 value written to output.json; 1 the candidate raised (traceback on
 3 the entry point is missing; 4 the return value is not JSON data.
 The candidate shares this interpreter and can subvert all of it; that only hurts itself,
 since whatever it leaves in output.json is untrusted data that the parent verifies.
+
+When job.json names a `uid` (the process backend does so when it runs as root), the harness
+drops to that unprivileged uid/gid after setting the limits and before any candidate code runs,
+so that RLIMIT_NPROC binds, root-only files stay unreadable and host processes cannot be signalled.
+Standard-library directories the new uid cannot traverse (e.g. an interpreter under /root) are
+kept importable through directory descriptors opened before the drop (/proc/self/fd/N).
+The docker backend runs this file unchanged inside the container, as a non-root user already.
 """
 
 from __future__ import annotations
@@ -29,6 +36,52 @@ def _set_limits(job: dict) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     # RLIMIT_NPROC counts every task (process or thread) of the user, and root ignores it.
     resource.setrlimit(resource.RLIMIT_NPROC, (job["nproc"],) * 2)
+
+
+def _reachable_by_others(path: str) -> bool:
+    """True when every directory from / down to `path` is searchable by any user."""
+    path = os.path.realpath(path)
+    while True:
+        try:
+            if not os.stat(path).st_mode & 0o001:
+                return False
+        except OSError:
+            return False
+        parent = os.path.dirname(path)
+        if parent == path:
+            return True
+        path = parent
+
+
+def _drop_privileges(uid: int, gid: int) -> None:
+    """Become `uid`:`gid` with no supplementary groups; keep sys.path importable."""
+    import ctypes  # imported now: the standard library may be unreachable after the drop
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    moved = {}  # unreachable directory -> /proc/self/fd/N
+    for i, entry in enumerate(sys.path):
+        if entry and os.path.isdir(entry) and not _reachable_by_others(entry):
+            fd = os.open(entry, os.O_RDONLY | os.O_DIRECTORY)
+            moved[entry] = sys.path[i] = f"/proc/self/fd/{fd}"
+
+    def remap(path: str) -> str:
+        for old, new in moved.items():
+            if path == old or path.startswith(old + os.sep):
+                return new + path[len(old) :]
+        return path
+
+    for module in list(sys.modules.values()):  # packages already imported find submodules here
+        search = getattr(module, "__path__", None)
+        if isinstance(search, list):
+            search[:] = [remap(p) for p in search]
+    sys.path_importer_cache.clear()
+    os.setgroups([])
+    os.setgid(gid)
+    os.setuid(uid)
+    if os.getuid() != uid or os.geteuid() != uid:
+        raise SystemExit("could not drop privileges")
+    # setuid() made the process non-dumpable, which hides /proc/self/fd from itself.
+    libc.prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE = 4
 
 
 def _to_json(value, depth: int = 0):
@@ -61,6 +114,8 @@ def main() -> int:
     with open(sys.argv[1], encoding="utf-8") as f:
         job = json.load(f)
     _set_limits(job)
+    if job.get("uid") is not None:
+        _drop_privileges(int(job["uid"]), int(job["gid"]))
     with open("input.json", encoding="utf-8") as f:
         argument = json.load(f)
     sys.dont_write_bytecode = True

@@ -5,15 +5,23 @@ Per run: a new temp directory (deleted afterwards) holding candidate.py, input.j
 The process gets its own process group, a clean environment, rlimits (set by the harness before
 any candidate code runs) and a wall-clock timeout after which the whole group is SIGKILLed.
 
+When we run as root (CI, containers), each run gets its own unprivileged uid/gid, picked at random
+from a range no account uses: the harness drops to it before the candidate runs. Then
+RLIMIT_NPROC binds (the uid has no other tasks), root-only files are unreadable, the candidate
+cannot signal our processes, and after the run every process of that uid is killed, wherever
+it went (no marker needed).
+
 What this backend does NOT isolate (use the docker backend for untrusted models):
-- the filesystem: the candidate runs as our user and can read and write whatever we can;
+- the filesystem: as a normal user the candidate can read and write whatever we can; as root
+  (dropped uid) it can still read world-readable files and write world-writable places (/tmp);
 - the network: sockets are not blocked;
-- processes that leave the process group (setsid) are found only by an environment marker
-  (`/proc/*/environ`), which a process that re-execs itself with a cleaned environment evades;
-  RLIMIT_CPU still kills them once they use their CPU allowance;
-- RLIMIT_NPROC is not enforced for root, and for other users it counts all their tasks;
+- as a normal user: processes that leave the process group (setsid) are found only by an
+  environment marker (`/proc/*/environ`), which a process that re-execs itself with a cleaned
+  environment evades (RLIMIT_CPU still kills them), and RLIMIT_NPROC counts all of our tasks;
+- memory: RLIMIT_AS limits address space per process, not the real memory of the process tree;
 - CPU count: `limits.cpus` only sets the thread variables of numeric libraries;
-- disk: RLIMIT_FSIZE caps each file, not the number of files.
+- disk: RLIMIT_FSIZE caps each file, not the number of files;
+- the kernel: no namespaces, no seccomp.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -39,6 +48,10 @@ HARNESS = Path(__file__).with_name("harness.py")
 FILE_SIZE_LIMIT_MB = 64  # RLIMIT_FSIZE: the largest file the candidate may write
 MARKER_VAR = "DISCOVER_SANDBOX_RUN"  # env marker used to find processes that left the group
 _EXIT_NO_ENTRY, _EXIT_BAD_VALUE = 3, 4  # harness.py's exit codes whose stderr line is the reason
+# Run uids used when we are root: far above any account (and below the 32-bit overflow ids).
+RUN_UID_BASE, RUN_UID_SPAN = 1_500_000_000, 1 << 24
+_uids_in_use: set[int] = set()
+_uids_lock = threading.Lock()
 
 
 class ProcessSandbox:
@@ -75,7 +88,20 @@ class ProcessSandbox:
             "fsize_mb": FILE_SIZE_LIMIT_MB,
             "nproc": _nproc_limit(limits.max_processes),
         }
-        (workdir / "job.json").write_text(json.dumps(job), encoding="utf-8")
+        uid = _acquire_run_uid()
+        try:
+            if uid is not None:
+                job["uid"] = job["gid"] = uid
+                for path in (workdir, *workdir.iterdir()):
+                    os.chown(path, uid, uid)
+            (workdir / "job.json").write_text(json.dumps(job), encoding="utf-8")
+            return self._spawn(workdir, limits, uid)
+        finally:
+            if uid is not None:
+                _kill_uid(uid)
+                _release_run_uid(uid)
+
+    def _spawn(self, workdir: Path, limits: SandboxLimits, uid: int | None) -> SandboxResult:
         token = secrets.token_hex(16)
         cap = int(limits.max_output_bytes)
 
@@ -100,7 +126,10 @@ class ProcessSandbox:
             # Kill the whole group while the (unreaped) leader still pins its pgid, which also
             # removes background children left behind after a normal exit.
             _kill_group(proc.pid)
-            _kill_marked(token)
+            if uid is not None:
+                _kill_uid(uid)  # everything the run started, wherever it went
+            else:
+                _kill_marked(token)
             returncode = proc.wait()
             logs, last_err_line = _read_logs(out, err, cap)
 
@@ -133,6 +162,59 @@ def _clean_env(workdir: Path, limits: SandboxLimits, token: str) -> dict[str, st
         MARKER_VAR: token,
         **_thread_env(limits),
     }
+
+
+def _acquire_run_uid() -> int | None:
+    """A fresh unprivileged uid for one run when we are root, else None (run as ourselves)."""
+    if os.geteuid() != 0:
+        return None
+    with _uids_lock:
+        while True:
+            uid = RUN_UID_BASE + secrets.randbelow(RUN_UID_SPAN)
+            if uid not in _uids_in_use and not _uid_pids(uid):
+                _uids_in_use.add(uid)
+                return uid
+
+
+def _release_run_uid(uid: int) -> None:
+    with _uids_lock:
+        _uids_in_use.discard(uid)
+
+
+def _uid_pids(uid: int) -> list[int]:
+    """Processes (not zombies) whose real or effective uid is `uid`."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/status", encoding="ascii", errors="replace") as f:
+                state = ""
+                for line in f:
+                    if line.startswith("State:"):
+                        state = line.split()[1]
+                    elif line.startswith("Uid:"):
+                        real, effective = line.split()[1:3]
+                        if state != "Z" and uid in (int(real), int(effective)):
+                            found.append(int(entry.name))
+                        break
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+def _kill_uid(uid: int, rounds: int = 50) -> None:
+    """SIGKILL every process of `uid` until none is left (a fork bomb is capped by RLIMIT_NPROC)."""
+    for _ in range(rounds):
+        pids = _uid_pids(uid)
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        time.sleep(0.005)
 
 
 def _nproc_limit(max_processes: int) -> int:
@@ -229,6 +311,11 @@ def _read_logs(out: BinaryIO, err: BinaryIO, cap: int) -> tuple[str, str]:
     """stdout then stderr, together at most `cap` characters (stderr keeps at least half)."""
     out_b, out_cut = _tail(out, cap)
     err_b, err_cut = _tail(err, cap)
+    return _compose_logs(out_b, out_cut, err_b, err_cut, cap)
+
+
+def _compose_logs(out_b: bytes, out_cut: bool, err_b: bytes, err_cut: bool, cap: int) -> tuple[str, str]:
+    """Logs from the tails of stdout and stderr (shared with the docker backend)."""
     keep_err = min(len(err_b), max(cap // 2, cap - len(out_b)))
     err_b = err_b[len(err_b) - keep_err :]
     keep_out = min(len(out_b), cap - keep_err)
@@ -261,6 +348,11 @@ def _read_output(path: Path, cap: int) -> tuple[Any, str]:
         if st.st_size > cap:
             return None, f"return value too large: {st.st_size} bytes > max_output_bytes={cap}"
         data = f.read(cap + 1)
+    return _parse_output(data, cap)
+
+
+def _parse_output(data: bytes, cap: int) -> tuple[Any, str]:
+    """(value, "") or (None, reason) from output.json's bytes (shared with the docker backend)."""
     if len(data) > cap:
         return None, f"return value too large: over max_output_bytes={cap}"
     try:

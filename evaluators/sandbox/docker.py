@@ -1,0 +1,580 @@
+"""The docker backend: each candidate runs in a locked-down container of its problem's image.
+
+Same contract as `ProcessSandbox`: `run(program, entry, argument, limits) -> SandboxResult`, with
+JSON in and out, and the same `harness.py` inside the container.
+
+Every container (images/<name>, tagged discover/<name>:latest) is created with: no network
+(network_mode none), a memory limit equal to its memory+swap limit (no swap), a CPU quota
+(nano_cpus), a process-count limit (pids_limit), a read-only root filesystem with a size-limited
+tmpfs on /tmp (noexec unless the image compiles code) and a small /dev/shm, all capabilities
+dropped, no-new-privileges, docker-init as PID 1 (reaps orphans), and non-root numeric users:
+the container's keeper process runs as KEEPER_UID and every candidate as RUN_UID, so the
+candidate cannot signal the keeper.
+
+One run = one `exec` of a small runner (`python3 -c RUNNER`, which needs nothing in the image but
+python3) that reads the job from its stdin, writes it into a fresh directory on the tmpfs, starts
+harness.py under `RLIMIT_*` and a wall-clock timeout, then kills every process of RUN_UID
+(`kill(-1)`: background children, setsid escapees), wipes /tmp and /dev/shm and prints one JSON
+line: exit status, output.json's bytes and the tails of stdout/stderr (capped). The host reads at
+most a few times `max_output_bytes` and, as a backstop, kills the container when the runner has
+not answered `BACKSTOP_S` after the timeout. Nothing is unpickled: the value is JSON text.
+
+Warm pool: up to `concurrency` containers stay started between runs (a run's state lives only
+on the tmpfs, which the runner wipes, and in processes of RUN_UID, which it kills); a container
+is replaced after `max_runs` runs, after any run it could not clean up, and when the limits
+change. Containers are always removed: `auto_remove` once stopped; the keeper (`cat` on stdin)
+exits when our attach socket closes, i.e. when this process dies, even by SIGKILL; `close()`
+and an atexit hook kill the pool; and each container is labelled with its owner
+(host, pid, process start time), so `reap_orphans()` (run at start-up) removes those whose
+owner is gone.
+
+What it does not isolate: the kernel is shared (Docker's default seccomp profile, no gVisor or
+VM); the runner runs as the same uid as the candidate, so a candidate can forge the runner's
+report about itself (only its own value, logs and exit status: the value is still re-scored by
+the verifier on the host, which never imports candidate code).
+"""
+
+from __future__ import annotations
+
+import atexit
+import base64
+import json
+import math
+import os
+import secrets
+import socket
+import struct
+import threading
+import time
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from evaluators.sandbox.base import SandboxLimits, SandboxResult
+from evaluators.sandbox.process import (
+    FILE_SIZE_LIMIT_MB,
+    HARNESS,
+    _compose_logs,
+    _failure_reason,
+    _parse_output,
+    _thread_env,
+)
+
+REPOSITORY = "discover"
+LABEL = "discover.sandbox"  # every container this backend starts carries it
+OWNER_LABEL = "discover.sandbox.owner"  # "<hostname>:<pid>:<process start time>"
+KEEPER_UID, RUN_UID = 10000, 10001
+TMPFS_MB = 256  # /tmp, charged to the container's memory limit
+SHM_MB = 16
+HEADROOM_MB = 128  # container memory on top of the candidate's limit (runner, keeper, page cache)
+BACKSTOP_S = 15.0  # the host kills the container this long after the timeout
+START_TIMEOUT_S = 60.0
+
+
+def image_ref(name: str) -> str:
+    """discover/<name>:latest for a bare image name; a full reference is kept as it is."""
+    return name if ("/" in name or ":" in name) else f"{REPOSITORY}/{name}:latest"
+
+
+def _client(timeout: float = 30.0):
+    import docker
+
+    return docker.from_env(timeout=timeout)
+
+
+def engine_answers() -> bool:
+    """True when a Docker engine answers a ping."""
+    try:
+        _client(timeout=5.0).ping()
+        return True
+    except Exception:
+        return False
+
+
+def image_exists(name: str) -> bool:
+    try:
+        import docker
+
+        _client(timeout=10.0).images.get(image_ref(name))
+        return True
+    except (docker.errors.ImageNotFound, docker.errors.DockerException):
+        return False
+    except Exception:
+        return False
+
+
+def _process_start_time(pid: int) -> str:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat[stat.rindex(")") + 2 :].split()[19]
+    except (OSError, IndexError):
+        return "?"
+
+
+def _owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{_process_start_time(os.getpid())}"
+
+
+def reap_orphans(client=None) -> int:
+    """Remove sandbox containers whose owning process (on this host) is gone. Returns how many."""
+    client = client or _client()
+    host = socket.gethostname()
+    removed = 0
+    for c in client.containers.list(all=True, filters={"label": LABEL}):
+        owner = c.labels.get(OWNER_LABEL, "")
+        parts = owner.split(":")
+        if len(parts) != 3 or parts[0] != host:
+            continue
+        pid = int(parts[1]) if parts[1].isdigit() else -1
+        if pid > 0 and _process_start_time(pid) == parts[2]:
+            continue  # its owner is alive
+        try:
+            c.remove(force=True)
+            removed += 1
+        except Exception:
+            pass
+    return removed
+
+
+def sandbox_containers(client=None) -> list:
+    """Every container of this backend on the engine, whoever owns it."""
+    client = client or _client()
+    return client.containers.list(all=True, filters={"label": LABEL})
+
+
+# The runner, run as `python3 -I -c RUNNER` by RUN_UID in the container. Standard library only.
+RUNNER = r'''
+import base64, json, os, resource, shutil, signal, stat, subprocess, sys, time
+def tail(path, cap):
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            f.seek(max(0, size - cap))
+            return f.read(cap), size > cap
+    except OSError:
+        return b"", False
+def others():
+    me, uid, found = os.getpid(), os.getuid(), []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            with open("/proc/%s/status" % name) as f:
+                text = f.read()
+        except OSError:
+            continue
+        state = text.split("State:", 1)[1].split()[0]
+        if state != "Z" and int(text.split("Uid:", 1)[1].split()[0]) == uid:
+            found.append(name)
+    return found
+def killall():
+    for _ in range(500):
+        try:
+            os.kill(-1, signal.SIGKILL)  # every process of our uid but ourselves
+        except ProcessLookupError:
+            pass
+        if not others():
+            return True
+        time.sleep(0.002)
+    return False
+def wipe(top):
+    def retry(func, p, exc):
+        try:
+            os.chmod(os.path.dirname(p), 0o700)
+            func(p)
+        except OSError:
+            pass
+    try:
+        names = os.listdir(top)
+    except OSError:
+        return
+    for name in names:
+        p = os.path.join(top, name)
+        try:
+            if os.path.isdir(p) and not os.path.islink(p):
+                os.chmod(p, 0o700)
+                shutil.rmtree(p, onerror=retry)
+            else:
+                os.unlink(p)
+        except OSError:
+            pass
+def oom_first():
+    try:
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write("1000")
+    except OSError:
+        pass
+n = int(sys.stdin.buffer.readline())
+job = json.loads(sys.stdin.buffer.read(n))
+cap = job["cap"]
+killall()
+wipe("/tmp"); wipe("/dev/shm")
+d = "/tmp/run-" + job["token"]
+os.mkdir(d, 0o700)
+for name, text in job["files"].items():
+    with open(os.path.join(d, name), "w", encoding="utf-8") as f:
+        f.write(text)
+out, err = open(os.path.join(d, "stdout.txt"), "wb"), open(os.path.join(d, "stderr.txt"), "wb")
+start = time.monotonic()
+proc = subprocess.Popen(["python3", "-s", "-B", "-P", "harness.py", "job.json"], cwd=d, env=job["env"],
+    stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True, close_fds=True, preexec_fn=oom_first)
+out.close(); err.close()
+timed_out = False
+try:
+    rc = proc.wait(timeout=job["timeout"])
+except subprocess.TimeoutExpired:
+    timed_out = True
+clean = killall()
+if timed_out:
+    rc = proc.wait()
+out_b, out_cut = tail(os.path.join(d, "stdout.txt"), cap)
+err_b, err_cut = tail(os.path.join(d, "stderr.txt"), cap)
+output, output_error = None, ""
+if rc == 0 and not timed_out:
+    try:
+        fd = os.open(os.path.join(d, "output.json"), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                output_error = "output.json is not a regular file"
+            elif st.st_size > cap:
+                output_error = "return value too large: %d bytes > max_output_bytes=%d" % (st.st_size, cap)
+            else:
+                output = base64.b64encode(f.read(cap + 1)).decode()
+    except FileNotFoundError:
+        output_error = "program exited without returning a value (no output.json)"
+    except OSError as e:
+        output_error = "output.json is a symbolic link" if e.errno == 40 else "could not read the return value: %s" % e
+clean = killall() and clean
+wipe("/tmp"); wipe("/dev/shm")
+report = {"rc": rc, "timed_out": timed_out, "elapsed": time.monotonic() - start, "clean": clean,
+    "output": output, "output_error": output_error,
+    "stdout": base64.b64encode(out_b).decode(), "stdout_cut": out_cut,
+    "stderr": base64.b64encode(err_b).decode(), "stderr_cut": err_cut}
+sys.stdout.write("\n" + job["token"] + " " + json.dumps(report) + "\n")
+sys.stdout.flush()
+'''
+
+
+@dataclass
+class _Container:
+    id: str
+    key: tuple
+    attach: Any  # the attach socket that keeps the keeper alive; closing it ends the container
+    runs: int = 0
+
+
+class DockerSandbox:
+    """Runs untrusted Python in a warm pool of locked-down containers of one image."""
+
+    name = "docker"
+
+    def __init__(
+        self,
+        image: str = "python-math",
+        concurrency: int = 2,
+        warm: bool = True,
+        max_runs: int = 500,
+        exec_tmp: bool | None = None,
+        gpu: bool = False,
+        client=None,
+    ):
+        self.image = image_ref(image)
+        self.concurrency = max(1, int(concurrency))
+        self.warm = warm
+        self.max_runs = max_runs
+        # Compiled programs run from /tmp in the C++ image; elsewhere /tmp is noexec.
+        self.exec_tmp = ("cpp" in self.image) if exec_tmp is None else exec_tmp
+        self.gpu = gpu
+        self._client = client or _client(timeout=START_TIMEOUT_S)
+        self._api = self._client.api
+        self._client.images.get(self.image)  # fail now (ImageNotFound) rather than at the first run
+        self._harness = HARNESS.read_text(encoding="utf-8")
+        self._slots = threading.BoundedSemaphore(self.concurrency)
+        self._lock = threading.Lock()
+        self._idle: list[_Container] = []
+        self._owner = _owner()
+        self._closed = False
+        reap_orphans(self._client)
+        _live.add(self)
+
+    # -- the contract ---------------------------------------------------------------------------
+
+    def run(self, program: str, entry: str, argument: Any, limits: SandboxLimits) -> SandboxResult:
+        start = time.monotonic()
+        with self._slots:
+            result = self._run(program, entry, argument, limits)
+        return SandboxResult(
+            ok=result.ok, output=result.output, reason=result.reason, logs=result.logs,
+            duration_s=time.monotonic() - start,
+        )
+
+    def close(self) -> None:
+        """Kill and remove every container of the pool."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for c in idle:
+            self._destroy(c)
+
+    def __enter__(self) -> "DockerSandbox":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- one run --------------------------------------------------------------------------------
+
+    def _run(self, program: str, entry: str, argument: Any, limits: SandboxLimits) -> SandboxResult:
+        import docker
+
+        token = secrets.token_hex(16)
+        cap = int(limits.max_output_bytes)
+        job = {
+            "entry": entry,
+            "memory_mb": int(limits.memory_mb),
+            "cpu_s": math.ceil(limits.timeout_s * max(1, limits.cpus)) + 5,
+            "fsize_mb": min(FILE_SIZE_LIMIT_MB, TMPFS_MB // 2),
+            # pids_limit bounds the container; RLIMIT_NPROC (per uid, engine-wide) only as a
+            # second line, generous because every container's candidate shares RUN_UID.
+            "nproc": 4096,
+        }
+        payload = {
+            "token": token,
+            "cap": cap,
+            "timeout": float(limits.timeout_s),
+            "env": {
+                "PATH": "/usr/local/bin:/usr/bin:/bin",
+                "HOME": "/tmp/run-" + token,
+                "TMPDIR": "/tmp/run-" + token,
+                "LANG": "C.UTF-8",
+                "LC_ALL": "C.UTF-8",
+                "PYTHONHASHSEED": "0",
+                "PYTHONDONTWRITEBYTECODE": "1",
+                "PYTHONNOUSERSITE": "1",
+                **_thread_env(limits),
+            },
+            "files": {
+                "harness.py": self._harness,
+                "candidate.py": program,
+                "input.json": json.dumps(argument, allow_nan=True),
+                "job.json": json.dumps(job),
+            },
+        }
+        data = json.dumps(payload).encode()
+        for attempt in range(2):  # a container that died under us is an infrastructure failure
+            try:
+                container = self._acquire(limits)
+            except docker.errors.DockerException as e:
+                return SandboxResult(ok=False, reason=f"could not start the sandbox container: {e}")
+            healthy = False
+            try:
+                report, problem = self._exec(container, data, token, limits)
+                if problem == "broken" and attempt == 0:
+                    continue
+                if problem == "backstop":
+                    return SandboxResult(ok=False, reason=f"timeout after {limits.timeout_s:g} s (killed by the host)")
+                if report is None:
+                    return SandboxResult(ok=False, reason=problem)
+                healthy = bool(report.get("clean"))
+                return self._result(report, limits)
+            finally:
+                self._release(container, healthy)
+        return SandboxResult(ok=False, reason="the sandbox container failed twice")
+
+    def _result(self, report: dict, limits: SandboxLimits) -> SandboxResult:
+        cap = int(limits.max_output_bytes)
+        logs, last_err_line = _compose_logs(
+            base64.b64decode(report["stdout"]), bool(report["stdout_cut"]),
+            base64.b64decode(report["stderr"]), bool(report["stderr_cut"]), cap,
+        )
+        if report["timed_out"]:
+            return SandboxResult(ok=False, reason=f"timeout after {limits.timeout_s:g} s", logs=logs)
+        rc = int(report["rc"])
+        if rc == 0:
+            if report["output_error"]:
+                return SandboxResult(ok=False, reason=str(report["output_error"])[:500], logs=logs)
+            output, reason = _parse_output(base64.b64decode(report["output"] or ""), cap)
+            return SandboxResult(ok=not reason, output=output, reason=reason, logs=logs)
+        reason = _failure_reason(rc, last_err_line, limits)
+        if rc == -9 and "memory" not in reason:
+            reason += f" (possibly the memory limit of {limits.memory_mb} MB)"
+        return SandboxResult(ok=False, reason=reason, logs=logs)
+
+    def _exec(self, c: _Container, data: bytes, token: str, limits: SandboxLimits) -> tuple[dict | None, str]:
+        """(report, "") or (None, why): why is "broken", "backstop" or a reason for the result."""
+        import docker
+
+        try:
+            exec_id = self._api.exec_create(
+                c.id, ["python3", "-I", "-c", RUNNER], stdin=True, stdout=True, stderr=True,
+                user=f"{RUN_UID}:{RUN_UID}", workdir="/tmp",
+            )["Id"]
+            sock = self._api.exec_start(exec_id, socket=True)
+        except docker.errors.DockerException:
+            c.runs = self.max_runs  # do not reuse
+            return None, "broken"
+        raw = getattr(sock, "_sock", sock)
+        deadline = time.monotonic() + limits.timeout_s + BACKSTOP_S
+        limit = 8 * int(limits.max_output_bytes) + (1 << 20)  # base64 of output + two log tails
+        try:
+            raw.settimeout(max(1.0, deadline - time.monotonic()))
+            raw.sendall(str(len(data)).encode() + b"\n" + data)
+            stdout = bytearray()
+            stderr = bytearray()
+            while True:
+                header = _recv_exact(raw, 8, deadline)
+                if header is None:
+                    break
+                stream, size = struct.unpack(">BxxxL", header)
+                body = _recv_exact(raw, size, deadline)
+                if body is None:
+                    break
+                (stdout if stream == 1 else stderr).extend(body)
+                if len(stdout) + len(stderr) > limit:
+                    c.runs = self.max_runs
+                    self._kill(c)
+                    return None, "the sandbox runner's report exceeded its size limit"
+        except (socket.timeout, TimeoutError):
+            c.runs = self.max_runs
+            self._kill(c)
+            return None, "backstop"
+        except OSError:
+            c.runs = self.max_runs
+            return None, "broken"
+        finally:
+            try:
+                sock.close()
+            except OSError:
+                pass
+        c.runs += 1
+        marker = token.encode() + b" "
+        for line in reversed(bytes(stdout).splitlines()):
+            if line.startswith(marker):
+                try:
+                    return json.loads(line[len(marker) :]), ""
+                except ValueError:
+                    break
+        c.runs = self.max_runs
+        tail = bytes(stderr[-300:]).decode("utf-8", "replace").strip()
+        return None, "the sandbox runner did not report" + (f": {tail}" if tail else " (killed, possibly the memory limit)")
+
+    # -- the pool -------------------------------------------------------------------------------
+
+    def _key(self, limits: SandboxLimits) -> tuple:
+        return (int(limits.memory_mb), int(limits.cpus), int(limits.max_processes))
+
+    def _acquire(self, limits: SandboxLimits) -> _Container:
+        key = self._key(limits)
+        stale = []
+        found = None
+        with self._lock:
+            while self._idle:
+                c = self._idle.pop()
+                if c.key == key and found is None:
+                    found = c
+                else:
+                    stale.append(c)
+            self._idle.extend(c for c in stale if c.key == key)
+            stale = [c for c in stale if c.key != key]
+        for c in stale:
+            self._destroy(c)
+        return found or self._create(key)
+
+    def _release(self, c: _Container, healthy: bool) -> None:
+        if healthy and self.warm and c.runs < self.max_runs:
+            with self._lock:
+                if not self._closed:
+                    self._idle.append(c)
+                    return
+        self._destroy(c)
+
+    def _create(self, key: tuple) -> _Container:
+        import docker
+
+        memory_mb, cpus, max_processes = key
+        mem = f"{memory_mb + TMPFS_MB + HEADROOM_MB}m"
+        tmp_opts = "rw,nosuid,nodev,mode=1777,size=%dm" % TMPFS_MB + (",exec" if self.exec_tmp else ",noexec")
+        device_requests = [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])] if self.gpu else None
+        host_config = self._api.create_host_config(
+            init=True,
+            auto_remove=True,
+            network_mode="none",
+            mem_limit=mem,
+            memswap_limit=mem,  # equal: no swap on top of the memory limit
+            nano_cpus=int(cpus * 1e9),
+            pids_limit=max_processes + 16,  # + keeper, init, runner and its threads
+            read_only=True,
+            tmpfs={"/tmp": tmp_opts},
+            shm_size=SHM_MB * 1024 * 1024,
+            security_opt=["no-new-privileges"],
+            cap_drop=["ALL"],
+            ipc_mode="private",
+            ulimits=[docker.types.Ulimit(name="core", soft=0, hard=0)],
+            device_requests=device_requests,
+        )
+        cid = self._api.create_container(
+            self.image,
+            ["cat"],  # the keeper: exits when our attach socket closes (we died or closed)
+            detach=False,  # with stdin_open: StdinOnce, so stdin closes when we disconnect
+            stdin_open=True,
+            user=f"{KEEPER_UID}:{KEEPER_UID}",
+            working_dir="/tmp",
+            network_disabled=True,
+            environment={"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"},
+            labels={LABEL: "1", OWNER_LABEL: self._owner, "discover.sandbox.image": self.image},
+            host_config=host_config,
+        )["Id"]
+        try:
+            attach = self._api.attach_socket(cid, params={"stdin": 1, "stream": 1})
+            self._api.start(cid)
+        except Exception:
+            try:
+                self._api.remove_container(cid, force=True)
+            except Exception:
+                pass
+            raise
+        return _Container(id=cid, key=key, attach=attach)
+
+    def _kill(self, c: _Container) -> None:
+        try:
+            self._api.kill(c.id)
+        except Exception:
+            pass
+
+    def _destroy(self, c: _Container) -> None:
+        try:
+            c.attach.close()
+        except Exception:
+            pass
+        try:
+            self._api.remove_container(c.id, force=True)
+        except Exception:
+            pass  # already gone (auto_remove)
+
+
+def _recv_exact(sock, n: int, deadline: float) -> bytes | None:
+    buf = bytearray()
+    while len(buf) < n:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise socket.timeout("sandbox backstop")
+        sock.settimeout(remaining)
+        chunk = sock.recv(min(n - len(buf), 1 << 20))
+        if not chunk:
+            return None
+        buf.extend(chunk)
+    return bytes(buf)
+
+
+_live: "weakref.WeakSet[DockerSandbox]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    for box in list(_live):
+        try:
+            box.close()
+        except Exception:
+            pass

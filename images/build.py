@@ -1,0 +1,219 @@
+"""Build the evaluator images: `python images/build.py [NAME ...] [--base auto|public|offline]`.
+
+One folder per image under images/ holds its Dockerfile (which takes its base image as the build
+argument BASE) and offline-packages.txt (the Debian packages its offline base needs).
+
+- public base: the Dockerfile's default BASE (python:3.11-slim, gcc:13, pytorch/pytorch), pulled
+  from a registry;
+- offline base: Debian bookworm bootstrapped here with `debootstrap --variant=minbase
+  --include=<offline-packages.txt>` from Debian's package mirror (no container registry needed),
+  packed as .cache/images/offline-base-<hash>.tar (kept, so reruns skip the bootstrap; the .debs
+  are cached in .cache/images/debs) and loaded with `docker import` as
+  discover/offline-base:<hash>;
+- auto (default): public when the registry answers, else offline.
+
+Each image is tagged discover/<name>:latest and labelled with a content hash of its folder and
+its base image's id; an image whose hash has not changed is not rebuilt.
+Needs a Docker engine (and root plus debootstrap for an offline base; installed with apt-get
+when missing and we are root).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+IMAGES_DIR = Path(__file__).resolve().parent
+ROOT = IMAGES_DIR.parent
+CACHE = ROOT / ".cache" / "images"
+REPOSITORY = "discover"
+HASH_LABEL = "discover.content-hash"
+SUITE = "bookworm"
+MIRROR = os.environ.get("DISCOVER_DEBIAN_MIRROR", "http://deb.debian.org/debian")
+DEFAULT_IMAGES = ("python-math", "cpp20", "bio")  # gpu: only when named (needs a registry and a GPU)
+OFFLINE_ENV = ("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8")
+
+
+def image_tag(name: str) -> str:
+    return f"{REPOSITORY}/{name}:latest"
+
+
+def available_images() -> list[str]:
+    return sorted(p.name for p in IMAGES_DIR.iterdir() if (p / "Dockerfile").is_file())
+
+
+def _log(msg: str) -> None:
+    print(f"[images] {msg}", flush=True)
+
+
+def offline_packages(name: str) -> list[str]:
+    path = IMAGES_DIR / name / "offline-packages.txt"
+    if not path.is_file():
+        raise SystemExit(f"image {name!r} has no offline base (no {path.relative_to(ROOT)}); build it with --base public")
+    lines = (line.split("#", 1)[0].strip() for line in path.read_text().splitlines())
+    return sorted({line for line in lines if line})
+
+
+def _find_image(client, ref: str):
+    import docker
+
+    try:
+        return client.images.get(ref)
+    except docker.errors.ImageNotFound:
+        return None
+
+
+def _ensure_debootstrap() -> str:
+    found = shutil.which("debootstrap") or (os.path.exists("/usr/sbin/debootstrap") and "/usr/sbin/debootstrap")
+    if found:
+        return found
+    if os.geteuid() == 0 and shutil.which("apt-get"):
+        _log("installing debootstrap with apt-get")
+        subprocess.run(["apt-get", "update", "-qq"], check=True)
+        subprocess.run(["apt-get", "install", "-y", "-qq", "debootstrap"], check=True, env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+        return shutil.which("debootstrap") or "/usr/sbin/debootstrap"
+    raise SystemExit("the offline base needs debootstrap (apt-get install debootstrap) and root")
+
+
+def offline_base(client, packages: list[str]) -> str:
+    """discover/offline-base:<hash> for this package set: bootstrapped, packed and imported once."""
+    key = hashlib.sha256("\n".join([SUITE, MIRROR, "minbase", *packages]).encode()).hexdigest()[:12]
+    ref = f"{REPOSITORY}/offline-base:{key}"
+    if _find_image(client, ref) is not None:
+        _log(f"{ref} present ({' '.join(packages)})")
+        return ref
+    CACHE.mkdir(parents=True, exist_ok=True)
+    tarball = CACHE / f"offline-base-{key}.tar"
+    if not tarball.is_file():
+        if os.geteuid() != 0:
+            raise SystemExit("bootstrapping the offline base needs root (debootstrap); or use --base public")
+        debootstrap = _ensure_debootstrap()
+        debs = CACHE / "debs"
+        debs.mkdir(exist_ok=True)
+        start = time.monotonic()
+        with tempfile.TemporaryDirectory(dir=CACHE, prefix="rootfs-") as tmp:
+            rootfs = Path(tmp) / "rootfs"
+            _log(f"debootstrap {SUITE} minbase + {' '.join(packages)} from {MIRROR}")
+            cmd = [debootstrap, "--variant=minbase", f"--include={','.join(packages)}", f"--cache-dir={debs}", SUITE, str(rootfs), MIRROR]
+            done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            if done.returncode != 0:
+                sys.stdout.write(done.stdout[-4000:])
+                raise SystemExit(f"debootstrap failed (exit {done.returncode})")
+            for junk in ("var/cache/apt/archives", "var/lib/apt/lists"):
+                for p in (rootfs / junk).glob("*"):
+                    if p.is_file():
+                        p.unlink()
+            part = tarball.with_suffix(".tar.part")
+            subprocess.run(["tar", "-C", str(rootfs), "--numeric-owner", "-cf", str(part), "."], check=True)
+            part.rename(tarball)
+        _log(f"bootstrapped {tarball.relative_to(ROOT)} in {time.monotonic() - start:.0f} s")
+    else:
+        _log(f"reusing {tarball.relative_to(ROOT)}")
+    start = time.monotonic()
+    repo, tag = ref.split(":")
+    client.api.import_image_from_file(str(tarball), repository=repo, tag=tag, changes=[f"ENV {e}" for e in OFFLINE_ENV] + ['CMD ["/bin/sh"]'])
+    _log(f"imported {ref} in {time.monotonic() - start:.0f} s")
+    return ref
+
+
+def _registry_answers(client, ref: str) -> bool:
+    import docker
+
+    if _find_image(client, ref) is not None:
+        return True
+    try:
+        _log(f"pulling {ref}")
+        client.images.pull(ref)
+        return True
+    except docker.errors.APIError as e:
+        _log(f"cannot pull {ref} ({str(e).splitlines()[0][:160]}); using the offline base")
+        return False
+
+
+def _default_base(name: str) -> str:
+    for line in (IMAGES_DIR / name / "Dockerfile").read_text().splitlines():
+        if line.startswith("ARG BASE="):
+            return line.split("=", 1)[1].strip()
+    raise SystemExit(f"images/{name}/Dockerfile has no `ARG BASE=` line")
+
+
+def content_hash(name: str, base_id: str) -> str:
+    h = hashlib.sha256(base_id.encode())
+    folder = IMAGES_DIR / name
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        h.update(str(path.relative_to(folder)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def build(client, name: str, base_mode: str, force: bool = False) -> str:
+    folder = IMAGES_DIR / name
+    if not (folder / "Dockerfile").is_file():
+        raise SystemExit(f"unknown image {name!r}; available: {', '.join(available_images())}")
+    public = _default_base(name)
+    if base_mode == "public" or (base_mode == "auto" and _registry_answers(client, public)):
+        base = public
+        if _find_image(client, base) is None:
+            client.images.pull(base)
+    else:
+        base = offline_base(client, offline_packages(name))
+    base_id = client.images.get(base).id
+    digest = content_hash(name, base_id)
+    tag = image_tag(name)
+    existing = _find_image(client, tag)
+    if existing is not None and existing.labels.get(HASH_LABEL) == digest and not force:
+        _log(f"{tag} is up to date (base {base}); skipped")
+        return tag
+    _log(f"building {tag} from {base}")
+    start = time.monotonic()
+    import docker
+
+    try:
+        _, logs = client.images.build(
+            path=str(folder), tag=tag, buildargs={"BASE": base}, pull=False, rm=True, forcerm=True,
+            labels={HASH_LABEL: digest, "discover.image": name, "discover.base": base},
+        )
+    except docker.errors.BuildError as e:
+        for chunk in e.build_log:
+            sys.stdout.write(chunk.get("stream", "") or chunk.get("error", ""))
+        raise SystemExit(f"building {tag} failed: {e.msg}")
+    for chunk in logs:
+        line = chunk.get("stream", "").rstrip("\n")
+        if line.strip() and not line.startswith((" ---> ", "Removing intermediate")):
+            print(("" if line.startswith("Step") else "    ") + line, flush=True)
+    _log(f"built {tag} in {time.monotonic() - start:.0f} s")
+    return tag
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("names", nargs="*", help=f"images to build (default: {' '.join(DEFAULT_IMAGES)}; also: gpu)")
+    parser.add_argument("--base", choices=("auto", "public", "offline"), default=os.environ.get("DISCOVER_IMAGE_BASE", "auto"))
+    parser.add_argument("--force", action="store_true", help="rebuild even when the content hash is unchanged")
+    parser.add_argument("--if-docker", action="store_true", help="exit 0 with a note when no Docker engine answers")
+    args = parser.parse_args(argv)
+    try:
+        import docker
+
+        client = docker.from_env(timeout=600)
+        client.ping()
+    except Exception as e:  # no SDK, no socket, engine down
+        if args.if_docker:
+            _log(f"no Docker engine answers ({type(e).__name__}); images not built, docker tests will skip")
+            return 0
+        raise SystemExit(f"no Docker engine answers: {e}")
+    start = time.monotonic()
+    for name in args.names or DEFAULT_IMAGES:
+        build(client, name, args.base, force=args.force)
+    _log(f"done in {time.monotonic() - start:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

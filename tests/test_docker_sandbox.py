@@ -1,0 +1,213 @@
+"""The docker backend: same verdicts as the process backend, nothing left behind (issue 4)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from evaluators.math.erdos import ErdosProblem
+from evaluators.sandbox import ProcessSandbox, SandboxLimits, docker_unavailable
+
+REPO = Path(__file__).resolve().parents[1]
+WHY = docker_unavailable("python-math")
+pytestmark = pytest.mark.skipif(bool(WHY), reason=f"docker backend not testable here: {WHY}")
+LIMITS = SandboxLimits(timeout_s=3.0, memory_mb=512, cpus=1, max_output_bytes=100_000)
+
+
+def _docker(image: str = "python-math", concurrency: int = 2):
+    from evaluators.sandbox.docker import DockerSandbox
+
+    return DockerSandbox(image=image, concurrency=concurrency)
+
+
+def _ours() -> list:
+    from evaluators.sandbox.docker import sandbox_containers
+
+    return sandbox_containers()
+
+
+def _run_uid_pids() -> list[int]:
+    """Live host processes running as the containers' candidate or keeper uid."""
+    from evaluators.sandbox.docker import KEEPER_UID, RUN_UID
+
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            status = (entry / "status").read_text()
+        except OSError:
+            continue
+        uid = int(status.split("Uid:", 1)[1].split()[0])
+        state = status.split("State:", 1)[1].split()[0]
+        if uid in (RUN_UID, KEEPER_UID) and state != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+CANDIDATES = {
+    "good": "import numpy as np\ndef construct(p):\n    return (np.arange(20) % 2 * 0.5 + 0.25).tolist()\n",
+    "parent": "def construct(p):\n    return p\n",
+    "raises": "def construct(p):\n    raise ValueError('nope')\n",
+    "syntax": "def construct(p)\n    return 1\n",
+    "no entry": "def other(p):\n    return 1\n",
+    "not json": "def construct(p):\n    return object()\n",
+    "nan": "def construct(p):\n    return [float('nan'), 0.5]\n",
+    "out of range": "def construct(p):\n    return [2.0, 0.5]\n",
+    "exit": "import sys\ndef construct(p):\n    sys.exit(0)\n",
+    "timeout": "import time\ndef construct(p):\n    time.sleep(60)\n",
+    "memory": "def construct(p):\n    return bytearray(3 * 2**30)\n",
+    "prints": "def construct(p):\n    print('hello')\n    return [0.5] * 8\n",
+}
+
+
+def test_verdicts_agree_with_the_process_backend():
+    problem = ErdosProblem(timeout_s=3.0, memory_mb=512, cpus=1)
+    parent = type("Parent", (), {"construction": [0.4] * 30, "code": ""})()
+    box = _docker()
+    try:
+        for name, program in CANDIDATES.items():
+            a = problem.evaluate(program, parent, ProcessSandbox())
+            b = problem.evaluate(program, parent, box)
+            assert (a.valid, a.reward, a.construction) == (b.valid, b.reward, b.construction), name
+            if a.valid:
+                assert a.logs == b.logs, name
+            if not a.valid:  # both give a reason of the same kind
+                assert a.reason.split(":")[0].split(" ")[0] == b.reason.split(":")[0].split(" ")[0], (name, a.reason, b.reason)
+    finally:
+        box.close()
+
+
+def test_raw_results_agree():
+    box = _docker()
+    try:
+        for name in ("good", "parent", "no entry", "not json", "prints"):
+            a = ProcessSandbox().run(CANDIDATES[name], "construct", [1, 2.5, None], LIMITS)
+            b = box.run(CANDIDATES[name], "construct", [1, 2.5, None], LIMITS)
+            assert (a.ok, a.output, a.reason, a.logs) == (b.ok, b.output, b.reason, b.logs), name
+    finally:
+        box.close()
+
+
+def test_warm_pool_reuses_containers_and_close_removes_them():
+    before = {c.id for c in _ours()}
+    box = _docker(concurrency=2)
+    for _ in range(5):
+        assert box.run(CANDIDATES["good"], "construct", None, LIMITS).ok
+    mine = {c.id for c in _ours()} - before
+    assert len(mine) == 1  # sequential runs share one warm container
+    box.close()
+    time.sleep(0.5)
+    assert {c.id for c in _ours()} - before == set()
+
+
+def test_containers_go_when_the_host_process_is_killed():
+    """SIGKILL the owner: its attach socket closes, the keeper sees EOF, auto_remove cleans up."""
+    script = textwrap.dedent(
+        """
+        import os, signal, sys
+        sys.path.insert(0, %r)
+        from evaluators.sandbox.docker import DockerSandbox
+        from evaluators.sandbox.base import SandboxLimits
+        box = DockerSandbox(image="python-math", concurrency=2)
+        assert box.run("def construct(p):\\n    return 1\\n", "construct", None, SandboxLimits(timeout_s=5)).ok
+        print("READY", os.getpid(), flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+        """
+        % str(REPO)
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert "READY" in done.stdout, done.stderr
+    pid = done.stdout.split()[1]
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        left = [c for c in _ours() if c.labels.get("discover.sandbox.owner", "").split(":")[1:2] == [pid]]
+        if not left:
+            break
+        time.sleep(0.25)
+    assert not left, "containers of a killed owner were not removed"
+
+
+def test_reap_orphans_removes_containers_of_dead_owners():
+    from evaluators.sandbox.docker import LABEL, OWNER_LABEL, image_ref, reap_orphans
+    import socket
+
+    import docker
+
+    client = docker.from_env()
+    c = client.containers.create(
+        image_ref("python-math"), ["sleep", "600"], network_mode="none",
+        labels={LABEL: "1", OWNER_LABEL: f"{socket.gethostname()}:999999999:1"},
+    )
+    try:
+        assert reap_orphans(client) >= 1
+        assert c.id not in {x.id for x in _ours()}
+    finally:
+        try:
+            c.remove(force=True)
+        except docker.errors.NotFound:
+            pass
+
+
+def test_cpp20_image_compiles_and_runs_cpp():
+    why = docker_unavailable("cpp20")
+    if why:
+        pytest.skip(why)
+    program = textwrap.dedent(
+        """
+        import subprocess
+        SRC = r'''
+        #include <iostream>
+        #include <ranges>
+        #include <vector>
+        int main() { std::vector<int> v{3, 1, 2}; int s = 0; for (int x : v | std::views::take(2)) s += x; std::cout << s; }
+        '''
+        def construct(parent):
+            open("a.cpp", "w").write(SRC)
+            subprocess.run(["compile-cpp20", "a.cpp", "a.out"], check=True)
+            return int(subprocess.run(["./a.out"], capture_output=True, text=True, timeout=5).stdout)
+        """
+    )
+    from evaluators.sandbox.docker import DockerSandbox
+
+    with DockerSandbox(image="cpp20", concurrency=1) as box:
+        result = box.run(program, "construct", None, SandboxLimits(timeout_s=60, memory_mb=1024, cpus=1))
+    assert result.ok, (result.reason, result.logs)
+    assert result.output == 4
+
+
+@pytest.mark.slow
+def test_thousand_evaluations_leave_no_container_and_no_process():
+    """Must show 2: 1,000 evaluations at the configured concurrency, counted before and after."""
+    from discover.config import SandboxConfig
+
+    concurrency = SandboxConfig().concurrency
+    containers_before = len(_ours())
+    procs_before = len(_run_uid_pids())
+    box = _docker(concurrency=concurrency)
+    programs = [
+        CANDIDATES["good"],
+        "import subprocess\ndef construct(p):\n    subprocess.Popen(['sleep', '300'], start_new_session=True)\n    return [0.5]\n",
+        CANDIDATES["raises"],
+        "import os\ndef construct(p):\n    open('/tmp/junk-%d' % os.getpid(), 'w').write('x' * 1000)\n    return [0.25]\n",
+    ]
+    start = time.monotonic()
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        results = list(pool.map(lambda i: box.run(programs[i % 4], "construct", None, LIMITS), range(1000)))
+    elapsed = time.monotonic() - start
+    assert sum(r.ok for r in results) == 750, {r.reason for r in results if not r.ok}
+    assert len(_ours()) - containers_before <= concurrency  # the warm pool, nothing more
+    assert len(_run_uid_pids()) - procs_before <= 2 * concurrency  # keepers (+ init) only
+    box.close()
+    time.sleep(1.0)
+    containers_after, procs_after = len(_ours()), len(_run_uid_pids())
+    print(f"\n1000 evaluations at concurrency {concurrency}: {elapsed:.1f} s; "
+          f"containers {containers_before} -> {containers_after}; candidate/keeper processes {procs_before} -> {procs_after}")
+    assert containers_after == containers_before
+    assert procs_after == procs_before
