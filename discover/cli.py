@@ -1,4 +1,4 @@
-"""The `discover` command: run, resume, status, evaluate, verify."""
+"""The `discover` command: run, resume, status, report, evaluate, verify, plot."""
 
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ def _run_flow(run_dir: str, config_yaml: str | None) -> None:
 
     try:
         result = discovery_run(run_dir=run_dir, config_yaml=config_yaml)
-    except RunDirError as err:
+    except (RunDirError, ValueError) as err:  # a run directory or problem option that cannot work
         _fail(str(err))
     typer.echo(f"best state {result['best_state']}: reward {result['best_reward']:.6f}  (run directory: {run_dir})")
     typer.echo(f"summary: discover status {run_dir}")
@@ -96,13 +96,30 @@ def status(run_dir: Path = typer.Argument(..., help="a run directory")) -> None:
     Console(width=None if sys.stdout.isatty() else 160).print(table)
 
 
-def _load_problem(problem: str):
+@app.command()
+def report(
+    run_dir: Path = typer.Argument(..., help="a run directory"),
+    out: Optional[Path] = typer.Option(None, "--out", help="folder for report.md and its pictures (default RUN_DIR/report)"),
+) -> None:
+    """Write the run's report: Markdown with the reward distribution by step, the step table, the best states."""
+    from discover.report import write_report
+
+    try:
+        path = write_report(run_dir, out)
+    except FileNotFoundError as err:
+        _fail(str(err))
+    typer.echo(str(path))
+
+
+def _load_problem(problem: str, **options):
     from evaluators.registry import get_problem
 
     try:
-        return get_problem(problem)
+        return get_problem(problem, **options)
     except KeyError as err:
         _fail(str(err.args[0]))
+    except ValueError as err:  # bad problem options, e.g. a tolerance for a problem without one
+        _fail(str(err))
 
 
 @app.command()
@@ -120,10 +137,10 @@ def evaluate(
     p = _load_problem(problem)
     box = None
     if p.needs_sandbox:
-        from evaluators.sandbox import get_sandbox
+        from evaluators.sandbox import get_sandbox, problem_image
 
         try:
-            box = get_sandbox(sandbox)
+            box = get_sandbox(sandbox, image=problem_image(p))
         except ValueError as err:
             _fail(str(err))
     text = file.read_text()
@@ -137,21 +154,48 @@ def evaluate(
     _print_result(problem, result, as_json)
 
 
+_CONSTRUCTION_HELP = (
+    "a construction as JSON: a list of numbers or an object with `values` (erdos, ac1, ac2); "
+    "a list of [x, y, r] or an object with `circles_xyr` (circles-N)"
+)
+
+
 @app.command()
 def verify(
     problem: str = typer.Argument(..., help="problem id"),
-    file: Path = typer.Argument(..., help="a construction as JSON: a list of numbers, or an object with `values`"),
+    file: Path = typer.Argument(..., help=_CONSTRUCTION_HELP),
     as_json: bool = typer.Option(False, "--json", help="print a machine-readable result"),
+    tolerance: Optional[float] = typer.Option(None, "--tolerance", help="circle packing: slack on each constraint (default 0)"),
 ) -> None:
     """Certify a construction given as data (no code runs)."""
+    p = _load_problem(problem, **({} if tolerance is None else {"tolerance": tolerance}))
+    _print_result(problem, p.verify(_read_construction(file)), as_json)
+
+
+@app.command()
+def plot(
+    problem: str = typer.Argument(..., help="problem id (erdos, ac1, ac2, circles-26, circles-32)"),
+    file: Path = typer.Argument(..., help=_CONSTRUCTION_HELP),
+    out: Path = typer.Option(..., "-o", "--out", help="the PNG file to write"),
+    tolerance: Optional[float] = typer.Option(None, "--tolerance", help="circle packing: slack on each constraint (default 0)"),
+) -> None:
+    """Draw a construction: the step function with its autocorrelation/autoconvolution, or the circles."""
+    p = _load_problem(problem, **({} if tolerance is None else {"tolerance": tolerance}))
+    if not hasattr(p, "plot"):
+        _fail(f"problem {problem!r} has no plot")
+    result = p.plot(_read_construction(file), str(out))
+    if not result.valid:
+        _fail(f"invalid construction, nothing drawn: {result.reason}", code=1)
+    typer.echo(f"wrote {out}")
+
+
+def _read_construction(file: Path):
     if not file.is_file():
         _fail(f"no such file: {file}")
-    p = _load_problem(problem)
     try:
-        data = json.loads(file.read_text())
-    except json.JSONDecodeError as err:
+        return json.loads(file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
         _fail(f"{file} is not valid JSON: {err}")
-    _print_result(problem, p.verify(data), as_json)
 
 
 def _print_result(problem: str, result, as_json: bool) -> None:
@@ -170,6 +214,8 @@ def _print_result(problem: str, result, as_json: bool) -> None:
         typer.echo(json.dumps(out))
     elif result.valid:
         bound = f", bound {out['bound']:.9g}" if out["bound"] is not None else ""
+        if "tolerance" in result.metrics:
+            bound += f", tolerance {result.metrics['tolerance']:g}"
         typer.echo(f"valid: reward {result.reward:.9g}{bound}")
     else:
         typer.echo(f"invalid: {result.reason}")

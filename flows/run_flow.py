@@ -4,33 +4,76 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 from prefect import flow
 
 from discover import steps
-from flows import tasks
+from flows import artifacts, tasks
 from flows.step_flow import discovery_step
 from storage.manifest import finished_steps
 
 log = logging.getLogger("discover")
 
 
-@flow(name="discovery-run")
-def discovery_run(run_dir: str, config_yaml: str | None = None) -> dict:
-    """Start a run from `config_yaml` in `run_dir`, or resume the run already there.
+def _config_yaml(run_dir: str | None, config_yaml: str | None, config_path: str | None, config: dict[str, Any] | None) -> tuple[str, str | None]:
+    """The run directory and the configuration as YAML, from whichever form was given (or none: resume)."""
+    import yaml
 
-    Resuming starts at the first step whose tasks have not all finished; inside it, the tasks that
-    finished come from Prefect's cache.
+    from discover.config import dump_config, load_config, parse_config
+
+    given = [x for x in (config_yaml, config_path, config) if x is not None]
+    if len(given) > 1:
+        raise ValueError("give the configuration once: config_yaml, config_path or config")
+    overrides = {"run_dir": run_dir} if run_dir else None
+    if config_path is not None:
+        cfg = load_config(config_path, overrides)
+    elif config is not None:
+        cfg = parse_config({**config, **(overrides or {})}, source="the `config` parameter")
+    elif config_yaml is not None:
+        return run_dir or str(parse_config(yaml.safe_load(config_yaml)).run_dir), config_yaml
+    else:
+        if not run_dir:
+            raise ValueError("give run_dir to resume a run, or a configuration to start one")
+        return run_dir, None
+    return str(cfg.run_dir), dump_config(cfg)
+
+
+@flow(name="discovery-run")
+def discovery_run(
+    run_dir: str | None = None,
+    config_yaml: str | None = None,
+    config_path: str | None = None,
+    config: dict[str, Any] | None = None,
+) -> dict:
+    """Start a run from a configuration in `run_dir`, or resume the run already there.
+
+    The configuration comes as YAML text (`config_yaml`, what the CLI passes), a path readable by
+    the worker (`config_path`) or a mapping (`config`); `run_dir` overrides its run_dir. With none
+    of them the run in `run_dir` resumes at the first step whose tasks have not all finished; inside
+    it, the tasks that finished come from Prefect's cache.
     """
+    run_dir, config_yaml = _config_yaml(run_dir, config_yaml, config_path, config)
     if config_yaml is not None:
         tasks.init_run(config_yaml, run_dir)
-    config, layout = steps.open_run(Path(run_dir))
+    config_, layout = steps.open_run(Path(run_dir))
     start = finished_steps(layout.manifest)
     if start:
-        log.info("resuming %s at step %d of %d", run_dir, start, config.steps)
-    for step in range(start, config.steps):
-        log.info("step %d/%d", step + 1, config.steps)
+        log.info("resuming %s at step %d of %d", run_dir, start, config_.steps)
+    for step in range(start, config_.steps):
+        log.info("step %d/%d", step + 1, config_.steps)
         discovery_step(run_dir, step)
+        _quietly(artifacts.publish_step, run_dir, step)
+    report = _quietly(artifacts.publish_report, run_dir)
     best = steps.best_state(Path(run_dir))
     log.info("best state %s: reward %.6f", best.id, best.reward)
-    return {"run_dir": run_dir, "best_state": best.id, "best_reward": best.reward}
+    return {"run_dir": run_dir, "best_state": best.id, "best_reward": best.reward, "report": str(report) if report else None}
+
+
+def _quietly(fn, *args):
+    """Artifacts and reports are for people: a failure to draw one is logged, never fatal to the run."""
+    try:
+        return fn(*args)
+    except Exception as err:  # noqa: BLE001
+        log.warning("%s failed: %s", fn.__name__, err)
+        return None

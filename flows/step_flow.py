@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from prefect import flow
@@ -10,12 +11,26 @@ from flows import tasks
 from storage.layout import RunLayout
 
 
-def result_storage(run_dir: str) -> Path:
-    """Task results (small references) live beside the run, so a resumed run finds its cache.
+RESULT_STORAGE_ENV = "DISCOVER_RESULT_STORAGE"
 
-    Prefect takes a `Path` as local-file-system storage; the JSON serializer keeps them readable.
+
+def result_storage(run_dir: str) -> Path | str:
+    """Where task results (small references) live, so a resumed run finds its cache.
+
+    Default RUN_DIR/prefect-results, beside the run. DISCOVER_RESULT_STORAGE overrides it for runs
+    retried on other workers or containers: an absolute path (a shared mount; one folder per run id
+    below it) or a Prefect block slug such as `s3-bucket/discover-results`. Prefect takes a `Path`
+    as local-file-system storage; the JSON serializer keeps the results readable.
     """
-    return RunLayout(Path(run_dir)).prefect_results.resolve()
+    layout = RunLayout(Path(run_dir))
+    shared = os.environ.get(RESULT_STORAGE_ENV, "").strip()
+    if not shared:
+        return layout.prefect_results.resolve()
+    if shared.startswith("/"):
+        from discover.steps import run_id
+
+        return Path(shared) / run_id(layout)
+    return shared  # a block document slug, "<block-type>/<block-name>"
 
 
 @flow(name="discovery-step", flow_run_name="step-{step}")

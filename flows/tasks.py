@@ -14,8 +14,9 @@ import inspect
 import os
 import signal
 import time
+from contextlib import nullcontext
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, ContextManager
 
 from prefect import task
 from prefect.context import TaskRunContext
@@ -26,6 +27,11 @@ from storage.layout import RunLayout
 from storage.manifest import record_task
 
 CRASH_ENV = "DISCOVER_CRASH_AT"  # test hook: "TASK:STEP:PHASE" kills the run's process group there
+HOLD_ENV = "DISCOVER_HOLD_AT"  # test hook: "TASK:STEP:PHASE" writes RUN_DIR/.held and waits there to be killed
+# The global concurrency limit of the GPUs of this worker's pool (set in the pool's job variables,
+# see prefect.yaml); an evaluate task of a problem that needs a GPU holds one slot per candidate it
+# runs at once (sandbox.concurrency), so evaluations never exceed the pool's GPUs.
+GPU_LIMIT_ENV = "DISCOVER_GPU_LIMIT"
 
 # Failures of infrastructure are retried; a candidate's own failure is a reward of 0, never raised.
 _NO_RETRY = (ValueError, KeyError, TypeError, steps.RunDirError)
@@ -70,13 +76,35 @@ def _maybe_crash(task_name: str, step: int, phase: str) -> None:
         os.killpg(os.getpgrp(), signal.SIGKILL)
 
 
+def _maybe_hold(run_dir: str, task_name: str, step: int) -> None:
+    """Fault injection for the worker-kill test: announce the task has started, then wait to be killed."""
+    if os.environ.get(HOLD_ENV) == f"{task_name}:{step}:start":
+        (Path(run_dir) / ".held").write_text(f"{task_name}:{step}:{os.getpid()}\n")
+        time.sleep(600)
+
+
+def _gpu_slots(run_dir: str, task_name: str) -> ContextManager[Any]:
+    """Slots of the pool's GPU limit for an evaluate task whose problem needs a GPU; else nothing."""
+    limit = os.environ.get(GPU_LIMIT_ENV)
+    if task_name != "evaluate" or not limit:
+        return nullcontext()
+    config, _ = steps.open_run(Path(run_dir))
+    if not getattr(steps.make_problem(config), "needs_gpu", False):
+        return nullcontext()
+    from prefect.concurrency.sync import concurrency
+
+    return concurrency(limit, occupy=config.sandbox.concurrency, strict=True)
+
+
 def _wrap(fn: Callable[[Path, int], dict[str, str]]):
     name = fn.__name__
 
     def body(run_dir: str, step: int) -> dict[str, str]:
         started = time.time()
         _maybe_crash(name, step, "start")
-        ref = fn(Path(run_dir), step)
+        _maybe_hold(run_dir, name, step)
+        with _gpu_slots(run_dir, name):
+            ref = fn(Path(run_dir), step)
         _maybe_crash(name, step, "end")
         record_task(RunLayout(Path(run_dir)).manifest, step, name, ref, started, time.time())
         return ref

@@ -1,0 +1,42 @@
+"""Prefect artifacts of a run: after each step a table and the reward picture; at the end the report.
+
+Thin: the numbers and the picture come from discover/report.py. Artifact keys hold the run id, so
+each run's artifacts form one history per key in the UI (lowercase letters, digits and dashes).
+"""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+
+from prefect.artifacts import create_image_artifact, create_markdown_artifact, create_table_artifact
+
+from discover import report
+from storage.layout import RunLayout
+
+
+def _key(run_dir: str, what: str) -> str:
+    from discover.steps import run_id
+
+    return f"discover-{run_id(RunLayout(Path(run_dir)))[:12]}-{what}"
+
+
+def _data_url(png: Path) -> str:
+    """The picture inline, so the UI shows it without access to the run directory."""
+    return "data:image/png;base64," + base64.b64encode(Path(png).read_bytes()).decode()
+
+
+def publish_step(run_dir: str, step: int) -> None:
+    """The per-step table (every step so far) and the reward distribution by step with the best so far."""
+    rows = report.step_rows(Path(run_dir))
+    create_table_artifact(rows, key=_key(run_dir, "steps"), description=f"{run_dir}: per-step summary after step {step}")
+    png = report.reward_figure(Path(run_dir), RunLayout(Path(run_dir)).root / report.REPORT_DIR / "rewards.png")
+    create_image_artifact(_data_url(png), key=_key(run_dir, "rewards"), description=f"{run_dir}: rewards by step after step {step}")
+
+
+def publish_report(run_dir: str) -> Path:
+    """Write RUN_DIR/report/report.md (with its PNG) and show it as a Markdown artifact."""
+    path = report.write_report(Path(run_dir))
+    text = path.read_text().replace("](rewards.png)", f"]({_data_url(path.parent / 'rewards.png')})")
+    create_markdown_artifact(text, key=_key(run_dir, "report"), description=f"report written to {path}")
+    return path

@@ -1,0 +1,89 @@
+"""Operator commands around the Prefect server (README "## Operations").
+
+    python -m flows.operations setup [--file prefect.yaml]   # work pools and GPU limits of prefect.yaml
+    python -m flows.operations crashed FLOW_RUN_ID           # mark a run whose worker died as crashed
+
+`setup` is idempotent: an existing pool is updated (`prefect work-pool create --overwrite`), an
+existing limit gets the new slot count. Each GPU pool gets a global concurrency limit of the same
+name with one slot per GPU (prefect.yaml and flows/tasks.py say who holds the slots).
+
+`crashed`: a flow run whose worker died stays RUNNING on the server (nothing reports it), and
+`prefect flow-run retry` only takes runs in a terminal state; this sets it to CRASHED so that the
+retry can follow. Check first that its worker is really gone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+
+def infrastructure(path: Path) -> list[dict]:
+    """The `definitions.infrastructure` entries of a prefect.yaml: pool, type and optional gpus."""
+    return yaml.safe_load(Path(path).read_text())["definitions"]["infrastructure"]
+
+
+async def _set_limit(name: str, slots: int) -> str:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate, GlobalConcurrencyLimitUpdate
+    from prefect.exceptions import ObjectNotFound
+
+    async with get_client() as client:
+        try:
+            await client.read_global_concurrency_limit_by_name(name)
+        except ObjectNotFound:
+            await client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=slots))
+            return "created"
+        await client.update_global_concurrency_limit(name, GlobalConcurrencyLimitUpdate(limit=slots))
+        return "updated"
+
+
+async def _mark_crashed(flow_run_id: str) -> str:
+    from prefect.client.orchestration import get_client
+    from prefect.states import Crashed
+
+    async with get_client() as client:
+        run = await client.read_flow_run(flow_run_id)
+        if run.state is not None and run.state.is_final():
+            return f"flow run {flow_run_id} is already {run.state.type.value}; nothing to do"
+        await client.set_flow_run_state(flow_run_id, Crashed(message="worker lost (marked by flows.operations)"), force=True)
+        return f"flow run {flow_run_id} marked CRASHED; now: prefect flow-run retry {flow_run_id}"
+
+
+def setup(file: Path) -> int:
+    prefect = shutil.which("prefect", path=str(Path(sys.executable).parent)) or "prefect"
+    for item in infrastructure(file):
+        cmd = [prefect, "work-pool", "create", item["pool"], "--type", item["type"], "--overwrite"]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            print(f"work pool {item['pool']} ({item['type']}): FAILED\n{proc.stdout}{proc.stderr}", file=sys.stderr)
+            return 1
+        print(f"work pool {item['pool']} ({item['type']}): ok")
+        if item.get("gpus"):
+            verb = asyncio.run(_set_limit(item["pool"], int(item["gpus"])))
+            print(f"concurrency limit {item['pool']}: {item['gpus']} slots ({verb})")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m flows.operations", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_setup = sub.add_parser("setup", help="create the work pools and GPU concurrency limits of prefect.yaml")
+    p_setup.add_argument("--file", type=Path, default=Path("prefect.yaml"))
+    p_crashed = sub.add_parser("crashed", help="mark a flow run whose worker died as CRASHED, so it can be retried")
+    p_crashed.add_argument("flow_run_id")
+    args = parser.parse_args(argv)
+    if args.command == "setup":
+        return setup(args.file)
+    print(asyncio.run(_mark_crashed(args.flow_run_id)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

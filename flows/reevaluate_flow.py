@@ -1,0 +1,46 @@
+"""Re-evaluation as a Prefect flow: re-score a run's top-k candidates on this worker's pool.
+
+Deployed per GPU pool with a cron schedule (prefect.yaml); the table goes beside the run
+(RUN_DIR/reevaluations/<timestamp>-<pool>.parquet and .md). The work is discover/reevaluation.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from functools import partial
+from pathlib import Path
+
+from prefect import flow
+from prefect.artifacts import create_table_artifact
+from prefect.context import FlowRunContext
+
+from discover.reevaluation import reevaluate_states, write_reevaluation
+
+log = logging.getLogger("discover")
+
+
+def _pool() -> str:
+    ctx = FlowRunContext.get()
+    return (ctx.flow_run.work_pool_name if ctx and ctx.flow_run else None) or "local"
+
+
+@flow(name="reevaluate", flow_run_name="reevaluate-top{top_k}")
+def reevaluate(run_dir: str, top_k: int = 5, gpu_limit: str | None = None) -> str:
+    """Re-score the top_k states of the run in `run_dir` and write the table beside it.
+
+    `gpu_limit` names the global concurrency limit of this pool's GPUs (prefect.yaml sets it per
+    GPU pool): each candidate holds one slot while it runs, so re-evaluations, and the evaluate
+    tasks of runs on the same pool, never use more GPUs than the pool has.
+    """
+    pool = _pool()
+    slot = contextlib.nullcontext
+    if gpu_limit:
+        from prefect.concurrency.sync import concurrency
+
+        slot = partial(concurrency, gpu_limit, occupy=1, strict=True)
+    rows = reevaluate_states(Path(run_dir), top_k, pool, slot)
+    out = write_reevaluation(Path(run_dir), rows, pool)
+    create_table_artifact(rows, key="reevaluation-" + "".join(c if c.isalnum() else "-" for c in pool.lower()), description=f"{run_dir}: {out.name}")
+    log.info("re-evaluated %d states of %s on %s: %s", len(rows), run_dir, pool, out)
+    return str(out)

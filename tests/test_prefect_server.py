@@ -1,0 +1,215 @@
+"""Production shape on one machine: a real Prefect server, deployments from prefect.yaml, workers.
+
+One test, in order: a server on loopback with its default SQLite database; pools, limits and every
+deployment of prefect.yaml; a process worker completes a two-step toy run; a second run's worker is
+killed inside a step and `prefect flow-run retry` finishes it without repeating a finished task,
+with the archive of an uninterrupted CLI run; a manual trigger of the re-evaluation deployment
+writes its table, and its cron schedule reads back from the API. Every process group started here
+is killed in a finally block.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import httpx
+import pytest
+import yaml
+
+from storage.manifest import TASKS, read_manifest
+from storage.tables import read_archive
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
+
+
+def _config(run_dir: Path) -> dict:
+    return {
+        "problem": "toy",
+        "run_dir": str(run_dir),
+        "seed": 3,
+        "steps": 2,
+        "groups": 2,
+        "rollouts_per_group": 4,
+        "model": {"name": "tiny", "lora_rank": 4, "device": "cpu"},
+        "train": {"learning_rate": 0.01},
+        "sampling": {"context_tokens": 512, "thinking_budget": 512, "max_answer_tokens": 8},
+    }
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait(what: str, check: Callable[[], object], timeout: float, logs: Callable[[], str] = lambda: "") -> object:
+    """Poll `check` until it returns something truthy; fail naming `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.5)
+    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}\n{logs()[-4000:]}")
+
+
+def _archive(run_dir: Path) -> list[tuple]:
+    records, total = read_archive(run_dir / "archive" / "0002.parquet")
+    return [(r["id"], r["reward"], r["parent_id"], r["lineage"], r["visits"]) for r in records] + [("T", total)]
+
+
+class Processes:
+    """Processes started in their own session, each with a log file; `kill_all` ends every group."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.procs: dict[str, tuple[subprocess.Popen, Path]] = {}
+
+    def start(self, name: str, args: list[str], env: dict[str, str]) -> subprocess.Popen:
+        log = self.log_dir / f"{name}.log"
+        with open(log, "w") as out:
+            proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        self.procs[name] = (proc, log)
+        return proc
+
+    def log(self, name: str) -> str:
+        return self.procs[name][1].read_text(errors="replace") if name in self.procs else ""
+
+    def kill(self, name: str) -> None:
+        proc, _ = self.procs[name]
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=30)
+
+    def kill_all(self) -> None:
+        for name in list(self.procs):
+            self.kill(name)
+
+
+def test_deployments_workers_kill_retry_and_scheduled_reevaluation(tmp_path: Path, tiny_model_cache: Path) -> None:
+    procs = Processes(tmp_path)
+    port = _free_port()
+    api = f"http://127.0.0.1:{port}/api"
+    base_env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "DISCOVER_"))}
+    base_env.update(
+        {
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "DISCOVER_CACHE": str(tiny_model_cache),
+            "OMP_NUM_THREADS": "1",
+        }
+    )
+    env = dict(base_env, PREFECT_HOME=str(tmp_path / "prefect-home"), PREFECT_API_URL=api)
+    for name in ("deployed", "killed", "cli"):
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(_config(tmp_path / name)))
+
+    def prefect(*args: str, timeout: float = 120) -> str:
+        proc = subprocess.run([str(BIN / "prefect"), "--no-prompt", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+        assert proc.returncode == 0, f"prefect {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        return proc.stdout + proc.stderr
+
+    def run_deployment(name: str, **params: object) -> str:
+        out = prefect("deployment", "run", name, "--params", json.dumps(params))
+        return re.search(r"UUID: ([0-9a-f-]{36})", out).group(1)
+
+    def state(flow_run_id: str) -> str:
+        return httpx.get(f"{api}/flow_runs/{flow_run_id}", timeout=10).json()["state"]["type"]
+
+    def wait_state(flow_run_id: str, wanted: str, worker: str, timeout: float = 240) -> None:
+        final = _wait(f"flow run {flow_run_id} to reach {wanted}", lambda: (s := state(flow_run_id)) in TERMINAL | {wanted} and s, timeout, lambda: procs.log(worker))
+        assert final == wanted, f"flow run {flow_run_id} ended {final}, not {wanted}:\n{procs.log(worker)[-4000:]}"
+
+    try:
+        # 1. A server on loopback, SQLite under PREFECT_HOME; then pools, limits and deployments.
+        procs.start("server", [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)], dict(env, PREFECT_UI_ENABLED="false"))
+
+        def healthy() -> bool:
+            try:
+                return httpx.get(f"{api}/health", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        _wait("the Prefect server to answer /api/health", healthy, 90, lambda: procs.log("server"))
+        assert (tmp_path / "prefect-home" / "prefect.db").is_file()  # the default SQLite database
+        # The uninterrupted reference: the same configuration through the CLI, beside the workers.
+        procs.start("cli", [sys.executable, "-m", "discover.cli", "run", str(tmp_path / "cli.yaml")], env)
+        infra = subprocess.run([sys.executable, "-m", "flows.operations", "setup"], cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+        assert infra.returncode == 0, infra.stdout + infra.stderr
+        prefect("deploy", "--all", timeout=180)
+
+        worker_cmd = [str(BIN / "prefect"), "worker", "start", "--pool", "discover-process", "--type", "process"]
+        procs.start("worker-1", worker_cmd, env)
+        run_a = run_deployment("discovery-run/process", config_path=str(tmp_path / "deployed.yaml"))
+        wait_state(run_a, "COMPLETED", "worker-1")
+        deployed = tmp_path / "deployed"
+        assert len(read_manifest(deployed / "manifest.json")["executions"]) == 10
+
+        # 4. The report: Markdown whose pictures exist beside it; artifacts on the server.
+        report = deployed / "report" / "report.md"
+        images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", report.read_text())
+        assert images and all((report.parent / i).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for i in images)
+        keys = {a["key"] for a in httpx.post(f"{api}/artifacts/filter", json={}, timeout=10).json()}
+        assert {k.rsplit("-", 1)[1] for k in keys if k and k.startswith("discover-")} >= {"steps", "rewards", "report"}
+
+        # 2. A worker killed inside step 1's evaluate task (the task announces itself and waits).
+        procs.kill("worker-1")
+        procs.start("worker-2", worker_cmd, dict(env, DISCOVER_HOLD_AT="evaluate:1:start"))
+        killed = tmp_path / "killed"
+        run_b = run_deployment("discovery-run/process", config_path=str(tmp_path / "killed.yaml"))
+        _wait("the run to reach step 1's evaluate task", lambda: (killed / ".held").is_file(), 240, lambda: procs.log("worker-2"))
+        procs.kill("worker-2")  # the worker and its flow-run process, like a machine that died
+        before = [(e["step"], e["task"]) for e in read_manifest(killed / "manifest.json")["executions"]]
+        assert before == [(0, t) for t in TASKS] + [(1, "select_parents"), (1, "generate")]
+        assert state(run_b) == "RUNNING"  # nobody told the server
+
+        # The operator's way back (README, Operations): mark the orphaned run crashed, retry it; a
+        # new worker runs it again and the tasks that had finished come from the cache.
+        (killed / ".held").unlink()
+        procs.start("worker-3", worker_cmd, env)
+        marked = subprocess.run([sys.executable, "-m", "flows.operations", "crashed", run_b], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+        assert marked.returncode == 0 and state(run_b) == "CRASHED", marked.stdout + marked.stderr
+        prefect("flow-run", "retry", run_b)
+        wait_state(run_b, "COMPLETED", "worker-3")
+        executions = [(e["step"], e["task"]) for e in read_manifest(killed / "manifest.json")["executions"]]
+        assert executions == before + [(1, "evaluate"), (1, "update_archive"), (1, "train")], executions
+
+        cli = procs.procs["cli"][0]
+        cli.wait(timeout=300)
+        assert cli.returncode == 0, procs.log("cli")
+        assert _archive(killed) == _archive(tmp_path / "cli") == _archive(deployed)
+
+        # 3. Re-evaluation: a worker on the H100 pool, a manual trigger, the table beside the run.
+        procs.start("gpu-worker", [str(BIN / "prefect"), "worker", "start", "--pool", "gpu-h100", "--type", "process"], env)
+        run_c = run_deployment("reevaluate/gpu-h100", run_dir=str(deployed), top_k=3)
+        wait_state(run_c, "COMPLETED", "gpu-worker", timeout=180)
+        tables = sorted((deployed / "reevaluations").glob("*-gpu-h100.parquet"))
+        assert len(tables) == 1 and tables[0].with_suffix(".md").is_file()
+        import pyarrow.parquet as pq
+
+        rows = pq.read_table(tables[0]).to_pylist()
+        children = [r for r in read_archive(deployed / "archive" / "0002.parquet")[0] if not r["is_seed"]]
+        assert len(rows) == min(3, len(children)) > 0 and all(r["valid"] and r["reward"] == pytest.approx(r["archived_reward"]) for r in rows)
+        limit = httpx.get(f"{api}/v2/concurrency_limits/gpu-h100", timeout=10).json()
+        assert limit["limit"] == 8 and limit["active_slots"] == 0  # slots taken per candidate, all given back
+
+        deployment = httpx.get(f"{api}/deployments/name/reevaluate/gpu-h100", timeout=10).json()
+        schedules = [s["schedule"] for s in deployment["schedules"] if s["active"]]
+        assert schedules == [{"cron": "0 3 * * *", "timezone": "UTC", "day_or": True}] or [
+            (s.get("cron"), s.get("timezone")) for s in schedules
+        ] == [("0 3 * * *", "UTC")], schedules
+    finally:
+        procs.kill_all()

@@ -1,0 +1,111 @@
+"""The report of a run and the re-evaluation table, on a run directory written by hand (no model)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from discover.config import dump_config, parse_config
+from discover.reevaluation import reevaluate_states, write_reevaluation
+from discover.report import step_rows, write_report
+from evaluators.toy.digits import DigitsProblem
+from storage.atomic import atomic_write_json, atomic_write_text
+from storage.layout import RunLayout
+from storage.manifest import TASKS, record_task
+from storage.tables import EVALUATION_SCHEMA, ROLLOUT_SCHEMA, write_archive, write_rows
+
+
+def _state(id: str, parent: str | None, step: int, construction: str, lineage: tuple[str, ...]) -> dict:
+    reward = DigitsProblem().verify(construction).reward if construction else 0.0
+    return {
+        "id": id, "parent_id": parent, "step": step, "reward": reward, "is_seed": parent is None,
+        "lineage": lineage, "code": construction[-4:], "construction": construction, "observation": "",
+        "best_child_reward": None, "visits": 0,
+    }
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Path:
+    """A toy run of two steps: seed, then one child per step, each written as the run would."""
+    root = tmp_path / "run"
+    layout = RunLayout(root)
+    config = parse_config({"problem": "toy", "run_dir": str(root), "steps": 2, "groups": 1, "rollouts_per_group": 2})
+    atomic_write_text(layout.config, dump_config(config))
+    atomic_write_json(layout.run_info, {"run_id": "0123456789abcdef", "created": 0.0})
+    seed = _state("seed-0", None, -1, "", ())
+    a = _state("s0000-g00-r000", "seed-0", 0, "1234", ("seed-0",))
+    b = _state("s0001-g00-r001", a["id"], 1, "12345678", ("seed-0", a["id"]))
+    archives = [[seed], [seed, a], [seed, a, b]]
+    for i, records in enumerate(archives):
+        write_archive(layout.archive(i), records, total_expansions=2 * i)
+    for step, child in ((0, a), (1, b)):
+        evals = [
+            {"group": 0, "index": 0, "child_id": f"s{step:04d}-g00-r000", "parent_id": child["parent_id"], "reward": 0.0,
+             "valid": False, "reason": "no candidate found in the answer", "code": "", "construction_json": "null",
+             "metrics_json": "{}", "logs": "", "seconds": 0.0},
+            {"group": 0, "index": 1, "child_id": child["id"], "parent_id": child["parent_id"], "reward": child["reward"],
+             "valid": True, "reason": "", "code": child["code"], "construction_json": json.dumps(child["construction"]),
+             "metrics_json": "{}", "logs": "", "seconds": 0.0},
+        ]
+        write_rows(layout.evaluations(step), evals, EVALUATION_SCHEMA)
+        rollout = {"group": 0, "parent_id": child["parent_id"], "prompt_ids": [1], "completion_ids": [1, 2, 3],
+                   "sampler_logprobs": [0.0] * 3, "loss_mask": [1] * 3, "text": "", "answer": "", "forced": False, "finish_reason": "eos"}
+        write_rows(layout.rollouts(step), [dict(rollout, index=0), dict(rollout, index=1)], ROLLOUT_SCHEMA)
+        atomic_write_json(layout.train_stats(step), {"beta_mean": 2.5, "beta_min": 2.0, "beta_max": 3.0})
+        for t in TASKS:
+            record_task(layout.manifest, step, t, {"path": "x", "sha256": "y"}, 10.0, 10.5)
+    return root
+
+
+def test_step_rows_hold_best_mean_valid_beta_tokens_and_times(run_dir: Path) -> None:
+    rows = step_rows(run_dir)
+    assert [r["step"] for r in rows] == [0, 1]
+    assert rows[1]["best"] == pytest.approx(max(_state("b", "a", 1, "12345678", ()).get("reward"), rows[0]["best"]))
+    assert rows[0]["valid"] == 0.5 and rows[0]["tokens"] == 6 and rows[0]["beta"] == 2.5
+    assert all(rows[0][f"{t}_s"] == 0.5 for t in TASKS)
+
+
+def test_report_is_markdown_whose_pictures_exist(run_dir: Path) -> None:
+    from discover.cli import app
+
+    result = CliRunner().invoke(app, ["report", str(run_dir)])
+    assert result.exit_code == 0, result.output
+    report = Path(result.output.strip())
+    assert report == run_dir / "report" / "report.md"
+    text = report.read_text()
+    images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
+    assert images == ["rewards.png"]
+    assert (report.parent / "rewards.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| step | best | mean | valid | beta | tokens |" in text and "s0001-g00-r001" in text
+
+
+def test_report_of_a_folder_that_is_no_run_fails_clearly(tmp_path: Path) -> None:
+    from discover.cli import app
+
+    result = CliRunner().invoke(app, ["report", str(tmp_path)])
+    assert result.exit_code == 2 and "not a run directory" in result.output
+
+
+def test_reevaluation_rescores_the_best_states_and_writes_the_table(run_dir: Path) -> None:
+    held = []
+
+    class Slot:
+        def __enter__(self):
+            held.append(1)
+
+        def __exit__(self, *exc):
+            return False
+
+    rows = reevaluate_states(run_dir, 5, "gpu-test", Slot)
+    assert [r["state_id"] for r in rows] == ["s0001-g00-r001", "s0000-g00-r000"]  # seeds are not re-scored
+    assert all(r["valid"] and r["reward"] == pytest.approx(r["archived_reward"]) for r in rows)
+    assert len(held) == 2  # one slot held per candidate
+    out = write_reevaluation(run_dir, rows, "gpu-test", when=0.0)
+    assert out == run_dir / "reevaluations" / "19700101T000000Z-gpu-test.parquet"
+    assert pq.read_table(out).num_rows == 2 and "gpu-test" in out.with_suffix(".md").read_text()
+    assert "Re-evaluations" in write_report(run_dir).read_text()
