@@ -27,3 +27,19 @@ def tiny_model_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     build_tiny_model(cache / "models" / TINY_MODEL_NAME)
     os.environ["DISCOVER_CACHE"] = str(cache)
     return cache
+
+
+def tiny_toy_config(run_dir: Path, **overrides: object) -> dict:
+    """A toy run small enough for an integration test: the tiny model, 2 groups of 4 rollouts."""
+    config = {
+        "problem": "toy",
+        "run_dir": str(run_dir),
+        "steps": 2,
+        "groups": 2,
+        "rollouts_per_group": 4,
+        "model": {"name": "tiny", "lora_rank": 4, "device": "cpu"},
+        "train": {"learning_rate": 0.01},
+        "sampling": {"context_tokens": 512, "thinking_budget": 512, "max_answer_tokens": 8},
+    }
+    config.update(overrides)
+    return config

@@ -27,6 +27,7 @@ import yaml
 
 from storage.manifest import TASKS, read_manifest
 from storage.tables import read_archive
+from tests.conftest import tiny_toy_config
 
 pytestmark = pytest.mark.slow
 
@@ -36,17 +37,7 @@ TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 
 
 def _config(run_dir: Path) -> dict:
-    return {
-        "problem": "toy",
-        "run_dir": str(run_dir),
-        "seed": 3,
-        "steps": 2,
-        "groups": 2,
-        "rollouts_per_group": 4,
-        "model": {"name": "tiny", "lora_rank": 4, "device": "cpu"},
-        "train": {"learning_rate": 0.01},
-        "sampling": {"context_tokens": 512, "thinking_budget": 512, "max_answer_tokens": 8},
-    }
+    return tiny_toy_config(run_dir, seed=3)
 
 
 def _free_port() -> int:

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from storage.manifest import TASKS, read_manifest
+from tests.conftest import tiny_toy_config
 from storage.tables import read_archive
 
 pytestmark = pytest.mark.slow
@@ -21,17 +22,7 @@ STEPS = 3
 
 
 def _config(run_dir: Path) -> dict:
-    return {
-        "problem": "toy",
-        "run_dir": str(run_dir),
-        "seed": 7,
-        "steps": STEPS,
-        "groups": 2,
-        "rollouts_per_group": 4,
-        "model": {"name": "tiny", "lora_rank": 4, "device": "cpu"},
-        "train": {"learning_rate": 0.01, "kl_coef": 0.01},
-        "sampling": {"context_tokens": 512, "thinking_budget": 512, "max_answer_tokens": 8},
-    }
+    return tiny_toy_config(run_dir, seed=7, steps=STEPS)
 
 
 def _discover(args: list[str], env: dict[str, str], crash: str | None = None) -> subprocess.CompletedProcess:

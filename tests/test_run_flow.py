@@ -12,21 +12,14 @@ import duckdb
 import pytest
 import yaml
 
+from tests.conftest import tiny_toy_config
+
 pytestmark = pytest.mark.slow
 
 
 def test_a_two_step_run_leaves_a_run_directory_users_can_query(tmp_path: Path, tiny_model_cache: Path) -> None:
     run_dir = tmp_path / "run"
-    config = {
-        "problem": "toy",
-        "run_dir": str(run_dir),
-        "steps": 2,
-        "groups": 2,
-        "rollouts_per_group": 4,
-        "model": {"name": "tiny", "lora_rank": 4, "device": "cpu"},
-        "train": {"learning_rate": 0.01},
-        "sampling": {"context_tokens": 512, "thinking_budget": 512, "max_answer_tokens": 8},
-    }
+    config = tiny_toy_config(run_dir)
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
     env = dict(os.environ, PREFECT_HOME=str(tmp_path / "prefect"), DISCOVER_CACHE=str(tiny_model_cache))
     cli = [sys.executable, "-m", "discover.cli"]
