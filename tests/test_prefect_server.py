@@ -162,7 +162,14 @@ def test_deployments_workers_kill_retry_and_scheduled_reevaluation(tmp_path: Pat
         killed = tmp_path / "killed"
         run_b = run_deployment("discovery-run/process", config_path=str(tmp_path / "killed.yaml"))
         _wait("the run to reach step 1's evaluate task", lambda: (killed / ".held").is_file(), 240, lambda: procs.log("worker-2"))
-        procs.kill("worker-2")  # the worker and its flow-run process, like a machine that died
+        # The worker and its flow-run process, like a machine that died: the process worker starts
+        # each flow run in a session of its own, so killing the worker's group leaves it running.
+        held_pid = int((killed / ".held").read_text().strip().split(":")[2])
+        procs.kill("worker-2")
+        try:
+            os.killpg(os.getpgid(held_pid), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         before = [(e["step"], e["task"]) for e in read_manifest(killed / "manifest.json")["executions"]]
         assert before == [(0, t) for t in TASKS] + [(1, "select_parents"), (1, "generate")]
         assert state(run_b) == "RUNNING"  # nobody told the server
