@@ -8,15 +8,13 @@ from typing import Any
 import numpy as np
 
 from evaluators.base import EvalResult
-from evaluators.math.problem import MathProblem
-from evaluators.math.seeds_file import nesting_depth
-from evaluators.math.sequence import check_sequence, summarize_sequence
+from evaluators.math.problem import SequenceProblem
+from evaluators.math.sequence import check_sequence
 
 CLAMP = 1000.0  # App. B.2: values "clamped to [0, 1000]"; we reject values above it instead
 MIN_SUM = 0.01  # App. B.2: "sum >= 0.01"; a near-zero sum would inflate an unnormalised metric
 MAX_PIECES = 1_000_000  # ours: 20x the largest record (50,000), keeps the host verifier bounded
 SEED_REPEATS = (1000, 8000)  # App. B.2: one random value in [0, 1] repeated 1,000-8,000 times
-_LIST_IN_PROMPT = 200  # states with at most this many pieces show all values in the context
 
 SEQUENCE_RULES = f"""\
 Represent f by n equal pieces: a list of n floats f_0..f_{{n-1}}, each in [0, {CLAMP:g}], with
@@ -34,7 +32,7 @@ Only the last ```python block of your answer is used. numpy and scipy are availa
 no network."""
 
 
-class AutocorrelationProblem(MathProblem):
+class AutocorrelationProblem(SequenceProblem):
     """Base of AC1 and AC2: a subclass gives `certify(f) -> (reward, metrics)` and its text."""
 
     # ~20 bytes of JSON per float: room for ~200,000 pieces, 4x the largest record. (The sandbox
@@ -56,13 +54,6 @@ class AutocorrelationProblem(MathProblem):
         # MIN_SUM / 1000 would make the seed invalid; rng.random() gives one with probability ~1e-5.
         value = float(rng.random())
         return [value] * int(rng.integers(SEED_REPEATS[0], SEED_REPEATS[1] + 1))
-
-    def is_one_construction(self, data: Any) -> bool:
-        return isinstance(data, dict) or nesting_depth(data) == 1
-
-    def describe_construction(self, verdict: EvalResult) -> str:
-        f = np.asarray(verdict.construction)
-        return f"{summarize_sequence(f, _LIST_IN_PROMPT)}\nbound {verdict.metrics['bound']:.8f}"
 
     def plot(self, construction: Any, path: str) -> EvalResult:
         from evaluators.math.plots import plot_autoconvolution

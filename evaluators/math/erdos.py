@@ -12,15 +12,13 @@ from typing import Any
 import numpy as np
 
 from evaluators.base import EvalResult
-from evaluators.math.problem import MathProblem
-from evaluators.math.seeds_file import nesting_depth
-from evaluators.math.sequence import check_sequence, summarize_sequence
+from evaluators.math.problem import SequenceProblem
+from evaluators.math.sequence import check_sequence
 from evaluators.sandbox.base import SandboxLimits
 
 MAX_PIECES = 1000  # App. B.3: "We filter out sequences with more than 1000 values"
 RESCALE_SLACK = 1e-12  # a rescaled value may exceed 1 by this much (float rounding), no more
 BEST_KNOWN_BOUND = 0.380876  # TTT-Discover's 600-piece construction (method paper, Table 2)
-_LIST_IN_PROMPT = 200  # states with at most this many pieces show all values in the context
 
 
 def erdos_bound(h: np.ndarray) -> float:
@@ -39,7 +37,7 @@ def rescale(values: np.ndarray) -> np.ndarray:
     return values * ((len(values) / 2.0) / values.sum())
 
 
-class ErdosProblem(MathProblem):
+class ErdosProblem(SequenceProblem):
     """Minimise the Erdős minimum-overlap bound with a step function written by a program."""
 
     name = "erdos"
@@ -70,13 +68,6 @@ class ErdosProblem(MathProblem):
         # SPEC §5, App. B.3: 40-100 values near 0.5 with noise.
         n = int(rng.integers(40, 101))
         return np.clip(0.5 + rng.normal(0.0, 0.1, n), 0.0, 1.0).tolist()
-
-    def is_one_construction(self, data: Any) -> bool:
-        return isinstance(data, dict) or nesting_depth(data) == 1
-
-    def describe_construction(self, verdict: EvalResult) -> str:
-        values = np.asarray(verdict.construction)
-        return f"{summarize_sequence(values, _LIST_IN_PROMPT)}\nbound {verdict.metrics['bound']:.8f}"
 
     def plot(self, construction: Any, path: str) -> EvalResult:
         from evaluators.math.plots import plot_erdos

@@ -13,7 +13,8 @@ from typing import Any
 import numpy as np
 
 from evaluators.base import EvalResult, ParentView, SeedState
-from evaluators.math.seeds_file import load_seed_constructions
+from evaluators.math.seeds_file import load_seed_constructions, nesting_depth
+from evaluators.math.sequence import summarize_sequence
 from evaluators.parsing import last_fenced_block
 from evaluators.sandbox.base import SandboxLimits
 
@@ -115,3 +116,16 @@ class MathProblem:
                 raise ValueError(f"seeds_file {path!r}: construction {i} is invalid for {self.name}: {result.reason}")
             constructions.append(result.construction)  # the plain form, e.g. the list inside {"values": ...}
         return constructions
+
+
+class SequenceProblem(MathProblem):
+    """Base of the problems whose construction is one sequence of values (Erdős, AC1, AC2)."""
+
+    list_in_prompt = 200  # states with at most this many pieces show all values in the context
+
+    def is_one_construction(self, data: Any) -> bool:
+        return isinstance(data, dict) or nesting_depth(data) == 1
+
+    def describe_construction(self, verdict: EvalResult) -> str:
+        values = np.asarray(verdict.construction)
+        return f"{summarize_sequence(values, self.list_in_prompt)}\nbound {verdict.metrics['bound']:.8f}"
