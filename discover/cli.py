@@ -135,14 +135,12 @@ def evaluate(
     if not file.is_file():
         _fail(f"no such file: {file}")
     p = _load_problem(problem)
-    box = None
-    if p.needs_sandbox:
-        from evaluators.sandbox import get_sandbox, problem_image
+    from evaluators.sandbox import sandbox_for
 
-        try:
-            box = get_sandbox(sandbox, image=problem_image(p))
-        except ValueError as err:
-            _fail(str(err))
+    try:
+        box = sandbox_for(p, sandbox)
+    except ValueError as err:
+        _fail(str(err))
     text = file.read_text()
     candidate = p.parse(text) or text if p.needs_sandbox else p.parse(text)
     if candidate is None:
@@ -181,7 +179,7 @@ def plot(
 ) -> None:
     """Draw a construction: the step function with its autocorrelation/autoconvolution, or the circles."""
     p = _load_problem(problem, **({} if tolerance is None else {"tolerance": tolerance}))
-    if not hasattr(p, "plot"):
+    if not p.can_plot:
         _fail(f"problem {problem!r} has no plot")
     result = p.plot(_read_construction(file), str(out))
     if not result.valid:

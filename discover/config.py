@@ -32,6 +32,7 @@ class ModelConfig(_Section):
     """The policy: which model, and its LoRA adapter."""
 
     name: str = Field(EMBEDDED_MODEL, description="local path, hub id, or 'tiny' (built offline)")
+    backend: Literal["transformers"] = Field("transformers", description="policy backend (discover/policy/)")
     lora_rank: int = Field(32, ge=1, description="LoRA rank (Table 9: 32)")
     lora_alpha: float | None = Field(None, gt=0, description="LoRA alpha; default: equal to the rank")
     target_modules: list[str] | str = Field("all-linear", description="modules that get LoRA")

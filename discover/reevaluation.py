@@ -21,6 +21,7 @@ import pyarrow as pa
 from discover.report import markdown_table
 from discover.steps import make_problem, open_run
 from evaluators.base import ParentView
+from evaluators.sandbox import sandbox_for
 from storage.atomic import atomic_write_text
 from storage.layout import RunLayout
 from storage.tables import read_archive, read_rows, write_rows
@@ -78,11 +79,7 @@ def reevaluate_states(
     """Re-score the k best states; `slot()` is held around each evaluation (a GPU slot, say)."""
     config, layout = open_run(Path(run_dir))
     problem = make_problem(config)
-    sandbox = None
-    if problem.needs_sandbox:
-        from evaluators.sandbox import get_sandbox
-
-        sandbox = get_sandbox(config.sandbox.backend)
+    sandbox = sandbox_for(problem, config.sandbox.backend, config.sandbox.concurrency)
     host = socket.gethostname()
     rows = []
     for state in top_states(run_dir, k):

@@ -27,6 +27,7 @@ from discover.prompts import build_context
 from discover.reuse import select_parents as choose_parents
 from evaluators.base import EvalResult, ParentView, Problem
 from evaluators.registry import get_problem
+from evaluators.sandbox import sandbox_for
 from storage.atomic import atomic_write_json, atomic_write_text, content_hash
 from storage.layout import RunLayout
 from storage.tables import (
@@ -66,19 +67,14 @@ def open_run(run_dir: Path) -> tuple[RunConfig, RunLayout]:
 
 def make_problem(config: RunConfig) -> Problem:
     """The run's problem, with the configuration's sandbox limits where they are set."""
-    problem = get_problem(config.problem, **config.problem_options)
-    limits = getattr(problem, "limits", None)
-    if limits is not None:
-        s = config.sandbox
-        overrides = {
-            "timeout_s": s.timeout_s,
-            "memory_mb": s.memory_mb,
-            "cpus": s.cpus,
-            "max_output_bytes": s.max_output_bytes,
-            "max_processes": s.max_processes,
-        }
-        problem.limits = dataclasses.replace(limits, **{k: v for k, v in overrides.items() if v is not None})
-    return problem
+    s = config.sandbox
+    return get_problem(config.problem, **config.problem_options).with_limits(
+        timeout_s=s.timeout_s,
+        memory_mb=s.memory_mb,
+        cpus=s.cpus,
+        max_output_bytes=s.max_output_bytes,
+        max_processes=s.max_processes,
+    )
 
 
 def load_archive(path: Path) -> Archive:
@@ -129,9 +125,9 @@ def init_run(config: RunConfig) -> dict[str, Ref]:
         save_archive(layout.archive(0), Archive.from_seeds(seeds))
 
     if not (layout.checkpoint(0) / "adapter").is_dir():
-        from discover.policy.transformers_backend import TransformersPolicy
+        from discover.policy import load_policy
 
-        policy = TransformersPolicy.load(config.model, None, seed=task_seed(config, "policy_init", 0))
+        policy = load_policy(config.model, None, seed=task_seed(config, "policy_init", 0))
         policy.save(layout.checkpoint(0) / "adapter")
     return {"archive": make_ref(layout, layout.archive(0)), "checkpoint": make_ref(layout, layout.checkpoint(0))}
 
@@ -166,12 +162,11 @@ def select_parents(run_dir: Path, step: int) -> Ref:
 
 def generate(run_dir: Path, step: int) -> Ref:
     """SPEC §1.2 and §4: K rollouts per context from the policy of this step, with log-probs."""
-    from discover.policy.base import GenerationSettings
-    from discover.policy.transformers_backend import TransformersPolicy
+    from discover.policy import GenerationSettings, load_policy
 
     config, layout = open_run(run_dir)
     parents = json.loads(layout.parents(step).read_text())["groups"]
-    policy = TransformersPolicy.load(config.model, layout.checkpoint(step) / "adapter")
+    policy = load_policy(config.model, layout.checkpoint(step) / "adapter")
     s = config.sampling
     settings = GenerationSettings(
         context_tokens=s.context_tokens,
@@ -223,11 +218,7 @@ def evaluate(run_dir: Path, step: int) -> Ref:
     problem = make_problem(config)
     archive = load_archive(layout.archive(step))
     rollouts = read_rows(layout.rollouts(step))
-    sandbox = None
-    if problem.needs_sandbox:
-        from evaluators.sandbox import get_sandbox, problem_image
-
-        sandbox = get_sandbox(config.sandbox.backend, image=problem_image(problem), concurrency=config.sandbox.concurrency)
+    sandbox = sandbox_for(problem, config.sandbox.backend, config.sandbox.concurrency)
     views = {pid: ParentView(archive[pid].code, archive[pid].construction) for pid in {r["parent_id"] for r in rollouts}}
     t0 = time.time()
     with ThreadPoolExecutor(max_workers=config.sandbox.concurrency) as pool:
@@ -321,11 +312,10 @@ def train(run_dir: Path, step: int) -> Ref:
     if config.train.objective == "none":
         _copy_checkpoint(src, dst)  # search only: the policy stays as it was
     else:
-        from discover.policy.base import Completion, TrainBatch
-        from discover.policy.transformers_backend import TransformersPolicy
+        from discover.policy import Completion, TrainBatch, load_policy
         from storage.atomic import atomic_dir
 
-        policy = TransformersPolicy.load(config.model, src / "adapter")
+        policy = load_policy(config.model, src / "adapter")
         completions = [
             Completion(
                 prompt_ids=r["prompt_ids"],

@@ -6,10 +6,17 @@ archive, the model or Prefect (DESIGN.md, "evaluators/").
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import hashlib
+import json
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
+
+from evaluators.parsing import normalize_code
+from evaluators.sandbox.base import SandboxLimits
 
 
 @dataclass(frozen=True)
@@ -45,11 +52,20 @@ class ParentView:
 
 
 class Problem(Protocol):
-    """One problem (SPEC §5): description, seeds, parse, evaluate, verify."""
+    """One problem (SPEC §5): everything the run, the CLI and re-evaluation ask of it.
+
+    Subclass `BaseProblem`, which gives the defaults; nothing outside evaluators/ probes a problem
+    with getattr, so every attribute below is always there.
+    """
 
     name: str
-    description: str  # the text `d` given to the model
+    description: str  # the text `d` given to the model (states the live limits where they matter)
     needs_sandbox: bool  # True when candidates are programs that must run in the sandbox
+    image: str  # the evaluator image (images/<image>) its programs run in under Docker
+    needs_gpu: bool  # True when evaluating needs a GPU (the sandbox gets a device request)
+    limits: SandboxLimits  # per-candidate limits; `with_limits` changes them
+    target: float | None  # the reward the context names as the goal (SPEC §5a), None: no target
+    can_plot: bool  # whether `plot` draws anything
 
     def seeds(self, rng: np.random.Generator, count: int) -> list[SeedState]:
         """Initial states, drawn from `rng` so that a run's seed fixes them."""
@@ -70,3 +86,52 @@ class Problem(Protocol):
     def render_state(self, code: str, construction: Any) -> str:
         """How a state is shown to the model inside a context."""
         ...
+
+    def archive_key(self, code: str, construction: Any) -> str:
+        """Equal for two states that are the same for the archive (SPEC §5a, duplicates)."""
+        ...
+
+    def plot(self, construction: Any, path: str) -> EvalResult:
+        """Draw a valid construction to `path` (PNG); only when `can_plot`."""
+        ...
+
+    def with_limits(self, **overrides: Any) -> "Problem":
+        """The same problem with some `SandboxLimits` fields replaced (None values are ignored)."""
+        ...
+
+
+class BaseProblem:
+    """The defaults of the Problem protocol; a problem overrides what differs."""
+
+    name = ""
+    description = ""
+    needs_sandbox = True
+    image = "python-math"
+    needs_gpu = False
+    limits = SandboxLimits()
+    target: float | None = None
+    can_plot = False
+    code_language = "python"  # how `archive_key` strips comments from a program ("python" or "c")
+
+    def render_state(self, code: str, construction: Any) -> str:
+        return f"Code:\n```{self.code_language}\n{code.strip()}\n```" if code.strip() else "No code yet."
+
+    def archive_key(self, code: str, construction: Any) -> str:
+        """A state's key: its construction as canonical JSON if it has one, else its normalised code."""
+        if construction is not None:
+            payload = "construction:" + json.dumps(construction, sort_keys=True, allow_nan=True)
+        else:
+            payload = "code:" + normalize_code(code, self.code_language)
+        return hashlib.sha256(payload.encode()).hexdigest()
+
+    def plot(self, construction: Any, path: str) -> EvalResult:
+        raise NotImplementedError(f"problem {self.name!r} has no plot")
+
+    def with_limits(self, **overrides: Any):
+        changes = {k: v for k, v in overrides.items() if v is not None}
+        unknown = set(changes) - {f.name for f in dataclasses.fields(SandboxLimits)}
+        if unknown:
+            raise ValueError(f"unknown sandbox limits {sorted(unknown)}; known: {[f.name for f in dataclasses.fields(SandboxLimits)]}")
+        clone = copy.copy(self)
+        clone.limits = dataclasses.replace(self.limits, **changes)
+        return clone

@@ -24,3 +24,16 @@ def last_fenced_block(answer: str, languages: tuple[str, ...] = ()) -> str | Non
         return None
     body = blocks[-1].strip("\n")
     return body if body.strip() else None
+
+
+_PY_COMMENT = re.compile(r"#[^\n]*")
+_C_COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.DOTALL)
+_SPACE = re.compile(r"\s+")
+
+
+def normalize_code(code: str, language: str = "python") -> str:
+    """`code` without comments and whitespace (SPEC §5a: duplicates are equal "up to comments and
+    whitespace"). Comment markers inside string literals are stripped too: two programs that differ
+    only there are rare enough to count as the same."""
+    pattern = _C_COMMENT if language in ("c", "cpp", "c++") else _PY_COMMENT
+    return _SPACE.sub("", pattern.sub("", code))

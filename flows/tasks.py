@@ -89,7 +89,7 @@ def _gpu_slots(run_dir: str, task_name: str) -> ContextManager[Any]:
     if task_name != "evaluate" or not limit:
         return nullcontext()
     config, _ = steps.open_run(Path(run_dir))
-    if not getattr(steps.make_problem(config), "needs_gpu", False):
+    if not steps.make_problem(config).needs_gpu:
         return nullcontext()
     from prefect.concurrency.sync import concurrency
 

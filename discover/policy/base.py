@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
 
 
 @dataclass
@@ -44,3 +46,28 @@ class TrainBatch:
     completions: list[Completion]
     advantages: list[float]  # one sequence-level advantage A_n per completion
     stats: dict[str, float] = field(default_factory=dict)
+
+
+class Policy(Protocol):
+    """What every policy backend does (DESIGN.md, "A policy backend"); chosen by `model.backend`.
+
+    A backend is built by `discover.policy.load_policy(model_config, adapter_dir, seed)`: the base
+    model (which a backend may keep resident in its worker process) with the LoRA adapter read from
+    `adapter_dir`, or a freshly initialised one from `seed` when `adapter_dir` is None.
+    """
+
+    def sample(
+        self, contexts: list[str], k: int, settings: GenerationSettings, seed: int
+    ) -> list[list[Completion]]:
+        """`k` completions per context (SPEC §1.2, §4) with per-token sampler log-probs."""
+        ...
+
+    def train_step(
+        self, batch: TrainBatch, train: Any, temperature: float = 1.0, optimizer_state: Path | None = None
+    ) -> dict[str, float]:
+        """One optimizer step of the adapter on `batch` (SPEC §2); returns the step's statistics."""
+        ...
+
+    def save(self, adapter_dir: Path, optimizer_path: Path | None = None) -> None:
+        """Write the adapter (and optimizer state) atomically."""
+        ...

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from evaluators.base import EvalResult, ParentView, SeedState
+from evaluators.base import BaseProblem, EvalResult, ParentView, SeedState
 from evaluators.math.seeds_file import load_seed_constructions, nesting_depth
 from evaluators.math.sequence import summarize_sequence
 from evaluators.parsing import last_fenced_block
@@ -24,12 +24,11 @@ ENTRY_POINT = "construct"  # the function every candidate program defines: const
 PAPER_LIMITS = {"timeout_s": 1100.0, "memory_mb": 1024, "cpus": 2}
 
 
-class MathProblem:
+class MathProblem(BaseProblem):
     """Base of the Erdős, autocorrelation and circle-packing problems."""
 
-    name = ""
-    needs_sandbox = True
     image = "python-math"  # the evaluator image its programs run in under Docker (images/python-math)
+    can_plot = True
     max_output_bytes = 1_000_000  # cap on the returned JSON (and the captured output) of a program
 
     def __init__(

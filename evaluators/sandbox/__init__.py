@@ -9,16 +9,22 @@ from typing import Any
 from evaluators.sandbox.base import Sandbox, SandboxLimits, SandboxResult
 from evaluators.sandbox.process import ProcessSandbox
 
-__all__ = ["ProcessSandbox", "Sandbox", "SandboxLimits", "SandboxResult", "get_sandbox", "problem_image"]
+__all__ = ["ProcessSandbox", "Sandbox", "SandboxLimits", "SandboxResult", "get_sandbox", "sandbox_for"]
 
 DEFAULT_IMAGE = "python-math"
 _docker_boxes: dict[tuple, Any] = {}  # one warm pool per (image, concurrency, gpu) per process
 _docker_lock = threading.Lock()
 
 
-def problem_image(problem: Any) -> str:
-    """The evaluator image a problem's programs need: its `image` attribute, else python-math."""
-    return getattr(problem, "image", None) or DEFAULT_IMAGE
+def sandbox_for(problem: Any, backend: str, concurrency: int = 2) -> Sandbox | None:
+    """The sandbox a problem's candidates run in: its image, its GPU need; None if it needs none.
+
+    The one place that builds a problem's sandbox: the run's evaluate task, re-evaluation and the
+    CLI all call it, so a problem is never scored in another image than its own.
+    """
+    if not problem.needs_sandbox:
+        return None
+    return get_sandbox(backend, image=problem.image, concurrency=concurrency, gpu=problem.needs_gpu)
 
 
 def docker_unavailable(image: str = DEFAULT_IMAGE) -> str:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
+
+DATA_ENV = "DISCOVER_DATA"  # inside a run: where the read-only data directory is, when one is given
 
 
 @dataclass(frozen=True)
@@ -37,9 +40,13 @@ class Sandbox(Protocol):
         entry: str,
         argument: Any,
         limits: SandboxLimits,
+        data_dir: Path | None = None,
     ) -> SandboxResult:
         """Run `program`, call its function `entry(argument)` and return the value as plain data.
 
-        `argument` and the return value cross the boundary as JSON, never pickle.
+        `argument` and the return value cross the boundary as JSON, never pickle. `data_dir`, when
+        given, is a host directory the run may read but not write (a problem's inputs: contest
+        cases, training counts); the run finds it at the path in the environment variable
+        DISCOVER_DATA (`/data` in a container). Nothing the evaluator must keep secret goes there.
         """
         ...

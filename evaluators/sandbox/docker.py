@@ -6,7 +6,8 @@ JSON in and out, and the same `harness.py` inside the container.
 Every container (images/<name>, tagged discover/<name>:latest) is created with: no network
 (network_mode none), a memory limit equal to its memory+swap limit (no swap), a CPU quota
 (nano_cpus), a process-count limit (pids_limit), a read-only root filesystem with a size-limited
-tmpfs on /tmp (noexec unless the image compiles code) and a small /dev/shm, all capabilities
+tmpfs on /tmp (noexec unless the image compiles code) and a small /dev/shm, a run's data
+directory (if any) bind-mounted read-only at /data, all capabilities
 dropped, no-new-privileges, docker-init as PID 1 (reaps orphans), and non-root numeric users:
 the container's keeper process runs as KEEPER_UID and every candidate as RUN_UID, so the
 candidate cannot signal the keeper.
@@ -51,7 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from evaluators.sandbox.base import SandboxLimits, SandboxResult
+from evaluators.sandbox.base import DATA_ENV, SandboxLimits, SandboxResult
 from evaluators.sandbox.process import (
     FILE_SIZE_LIMIT_MB,
     HARNESS,
@@ -65,6 +66,7 @@ REPOSITORY = "discover"
 LABEL = "discover.sandbox"  # every container this backend starts carries it
 OWNER_LABEL = "discover.sandbox.owner"  # "<hostname>:<pid>:<process start time>"
 KEEPER_UID, RUN_UID = 10000, 10001
+DATA_MOUNT = "/data"  # where a run's read-only data directory is bind-mounted
 TMPFS_MB = 256  # /tmp, charged to the container's memory limit
 SHM_MB = 16
 HEADROOM_MB = 128  # container memory on top of the candidate's limit (runner, keeper, page cache)
@@ -301,10 +303,16 @@ class DockerSandbox:
 
     # -- the contract ---------------------------------------------------------------------------
 
-    def run(self, program: str, entry: str, argument: Any, limits: SandboxLimits) -> SandboxResult:
+    def run(
+        self, program: str, entry: str, argument: Any, limits: SandboxLimits, data_dir: Path | None = None
+    ) -> SandboxResult:
         start = time.monotonic()
+        if data_dir is not None:
+            if not Path(data_dir).is_dir():
+                raise FileNotFoundError(f"the sandbox's data directory {data_dir} does not exist")
+            data_dir = Path(data_dir).resolve()
         with self._slots:
-            result = self._run(program, entry, argument, limits)
+            result = self._run(program, entry, argument, limits, data_dir)
         return SandboxResult(
             ok=result.ok, output=result.output, reason=result.reason, logs=result.logs,
             duration_s=time.monotonic() - start,
@@ -326,7 +334,7 @@ class DockerSandbox:
 
     # -- one run --------------------------------------------------------------------------------
 
-    def _run(self, program: str, entry: str, argument: Any, limits: SandboxLimits) -> SandboxResult:
+    def _run(self, program: str, entry: str, argument: Any, limits: SandboxLimits, data_dir: Path | None) -> SandboxResult:
         import docker
 
         token = secrets.token_hex(16)
@@ -354,6 +362,7 @@ class DockerSandbox:
                 "PYTHONDONTWRITEBYTECODE": "1",
                 "PYTHONNOUSERSITE": "1",
                 **_thread_env(limits),
+                **({DATA_ENV: DATA_MOUNT} if data_dir is not None else {}),
             },
             "files": {
                 "harness.py": self._harness,
@@ -365,7 +374,7 @@ class DockerSandbox:
         data = json.dumps(payload).encode()
         for attempt in range(2):  # a container that died under us is an infrastructure failure
             try:
-                container = self._acquire(limits)
+                container = self._acquire(limits, data_dir)
             except docker.errors.DockerException as e:
                 return SandboxResult(ok=False, reason=f"could not start the sandbox container: {e}")
             healthy = False
@@ -462,11 +471,11 @@ class DockerSandbox:
 
     # -- the pool -------------------------------------------------------------------------------
 
-    def _key(self, limits: SandboxLimits) -> tuple:
-        return (int(limits.memory_mb), int(limits.cpus), int(limits.max_processes))
+    def _key(self, limits: SandboxLimits, data_dir: Path | None) -> tuple:
+        return (int(limits.memory_mb), int(limits.cpus), int(limits.max_processes), str(data_dir or ""))
 
-    def _acquire(self, limits: SandboxLimits) -> _Container:
-        key = self._key(limits)
+    def _acquire(self, limits: SandboxLimits, data_dir: Path | None = None) -> _Container:
+        key = self._key(limits, data_dir)
         stale = []
         found = None
         with self._lock:
@@ -493,7 +502,7 @@ class DockerSandbox:
     def _create(self, key: tuple) -> _Container:
         import docker
 
-        memory_mb, cpus, max_processes = key
+        memory_mb, cpus, max_processes, data_dir = key
         mem = f"{memory_mb + TMPFS_MB + HEADROOM_MB}m"
         tmp_opts = "rw,nosuid,nodev,mode=1777,size=%dm" % TMPFS_MB + (",exec" if self.exec_tmp else ",noexec")
         device_requests = [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])] if self.gpu else None
@@ -513,6 +522,7 @@ class DockerSandbox:
             ipc_mode="private",
             ulimits=[docker.types.Ulimit(name="core", soft=0, hard=0)],
             device_requests=device_requests,
+            binds={data_dir: {"bind": DATA_MOUNT, "mode": "ro"}} if data_dir else None,
         )
         cid = self._api.create_container(
             self.image,
@@ -522,6 +532,7 @@ class DockerSandbox:
             user=f"{KEEPER_UID}:{KEEPER_UID}",
             working_dir="/tmp",
             network_disabled=True,
+            volumes=[DATA_MOUNT] if data_dir else None,
             environment={"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"},
             labels={LABEL: "1", OWNER_LABEL: self._owner, "discover.sandbox.image": self.image},
             host_config=host_config,

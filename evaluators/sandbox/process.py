@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from evaluators.sandbox.base import SandboxLimits, SandboxResult
+from evaluators.sandbox.base import DATA_ENV, SandboxLimits, SandboxResult
 
 HARNESS = Path(__file__).with_name("harness.py")
 FILE_SIZE_LIMIT_MB = 64  # RLIMIT_FSIZE: the largest file the candidate may write
@@ -59,11 +59,15 @@ class ProcessSandbox:
 
     name = "process"
 
-    def run(self, program: str, entry: str, argument: Any, limits: SandboxLimits) -> SandboxResult:
+    def run(
+        self, program: str, entry: str, argument: Any, limits: SandboxLimits, data_dir: Path | None = None
+    ) -> SandboxResult:
         start = time.monotonic()
+        if data_dir is not None and not Path(data_dir).is_dir():
+            raise FileNotFoundError(f"the sandbox's data directory {data_dir} does not exist")
         workdir = tempfile.mkdtemp(prefix="discover-sandbox-")
         try:
-            result = self._run_in(Path(workdir), program, entry, argument, limits)
+            result = self._run_in(Path(workdir), program, entry, argument, limits, data_dir)
         finally:
             _remove_tree(workdir)
         return SandboxResult(
@@ -75,7 +79,7 @@ class ProcessSandbox:
         )
 
     def _run_in(
-        self, workdir: Path, program: str, entry: str, argument: Any, limits: SandboxLimits
+        self, workdir: Path, program: str, entry: str, argument: Any, limits: SandboxLimits, data_dir: Path | None
     ) -> SandboxResult:
         (workdir / "candidate.py").write_text(program, encoding="utf-8")
         (workdir / "input.json").write_text(json.dumps(argument, allow_nan=True), encoding="utf-8")
@@ -95,13 +99,13 @@ class ProcessSandbox:
                 for path in (workdir, *workdir.iterdir()):
                     os.chown(path, uid, uid)
             (workdir / "job.json").write_text(json.dumps(job), encoding="utf-8")
-            return self._spawn(workdir, limits, uid)
+            return self._spawn(workdir, limits, uid, data_dir)
         finally:
             if uid is not None:
                 _kill_uid(uid)
                 _release_run_uid(uid)
 
-    def _spawn(self, workdir: Path, limits: SandboxLimits, uid: int | None) -> SandboxResult:
+    def _spawn(self, workdir: Path, limits: SandboxLimits, uid: int | None, data_dir: Path | None) -> SandboxResult:
         token = secrets.token_hex(16)
         cap = int(limits.max_output_bytes)
 
@@ -113,7 +117,7 @@ class ProcessSandbox:
                 proc = subprocess.Popen(
                     cmd,
                     cwd=workdir,
-                    env=_clean_env(workdir, limits, token),
+                    env=_clean_env(workdir, limits, token, data_dir),
                     stdin=subprocess.DEVNULL,
                     stdout=out,
                     stderr=err,
@@ -148,9 +152,15 @@ def _thread_env(limits: SandboxLimits) -> dict[str, str]:
     return {name: n for name in names}
 
 
-def _clean_env(workdir: Path, limits: SandboxLimits, token: str) -> dict[str, str]:
-    """Nothing inherited from the parent environment (no API keys, no tokens)."""
+def _clean_env(workdir: Path, limits: SandboxLimits, token: str, data_dir: Path | None = None) -> dict[str, str]:
+    """Nothing inherited from the parent environment (no API keys, no tokens).
+
+    The process backend cannot mount: a data directory is shown by its absolute path and must be
+    readable by the run's uid (the problem keeps it world-readable and keeps nothing secret in it).
+    """
+    data = {DATA_ENV: str(Path(data_dir).resolve())} if data_dir is not None else {}
     return {
+        **data,
         "PATH": "/usr/local/bin:/usr/bin:/bin",
         "HOME": str(workdir),
         "TMPDIR": str(workdir),

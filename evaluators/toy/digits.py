@@ -24,12 +24,12 @@ from typing import Any
 
 import numpy as np
 
-from evaluators.base import EvalResult, ParentView, SeedState
+from evaluators.base import BaseProblem, EvalResult, ParentView, SeedState
 
 _DIGIT = re.compile(r"[0-9]")
 
 
-class DigitsProblem:
+class DigitsProblem(BaseProblem):
     name = "toy"
     needs_sandbox = False
 
