@@ -13,17 +13,19 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Iterable
 
+import pyarrow as pa
+
 
 @dataclass
 class State:
-    """One state s in the archive H."""
+    """One state s in the archive H; also the row of the archive's Parquet table (storage/tables.py)."""
 
-    id: str
+    id: str = dataclasses.field(metadata={"column": "state_id"})
     parent_id: str | None
-    step: int  # training step that created it; -1 for seeds
+    step: int = dataclasses.field(metadata={"arrow": pa.int32()})  # training step that created it; -1 for seeds
     reward: float
     code: str
-    construction: Any = None  # JSON-able plain data
+    construction: Any = dataclasses.field(default=None, metadata={"json": True})  # JSON-able plain data
     observation: str = ""  # tail of the program's output, shown to the model
     lineage: tuple[str, ...] = ()  # ancestor ids, root first, parent last; () for seeds
     is_seed: bool = False

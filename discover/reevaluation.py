@@ -19,12 +19,12 @@ from typing import Any, Callable, ContextManager
 import pyarrow as pa
 
 from discover.report import markdown_table
-from discover.steps import make_problem, open_run
+from discover.archive import State
+from discover.run import Run, load_archive, read_evaluations
 from evaluators.base import ParentView
 from evaluators.sandbox import sandbox_for
 from storage.atomic import atomic_write_text
-from storage.layout import RunLayout
-from storage.tables import read_archive, read_rows, write_rows
+from storage.tables import write_rows
 
 REEVALUATION_SCHEMA = pa.schema(
     [
@@ -41,33 +41,30 @@ REEVALUATION_SCHEMA = pa.schema(
 )
 
 
-def top_states(run_dir: Path, k: int) -> list[dict[str, Any]]:
-    """The k best non-seed states (archive records) of the newest archive, best first."""
-    archives = sorted((Path(run_dir) / "archive").glob("*.parquet"))
-    if not archives:
-        raise FileNotFoundError(f"{run_dir} has no archive yet")
-    records, _ = read_archive(archives[-1])
-    states = sorted((r for r in records if not r["is_seed"]), key=lambda r: r["reward"], reverse=True)
+def top_states(run_dir: Path, k: int) -> list[State]:
+    """The k best non-seed states of the newest archive, best first."""
+    archive = load_archive(Run.open(run_dir).newest_archive())
+    states = sorted((s for s in archive.states.values() if not s.is_seed), key=lambda s: s.reward, reverse=True)
     return states[:k]
 
 
-def _parent_view(layout: RunLayout, state: dict[str, Any]) -> ParentView | None:
+def _parent_view(run: Run, state: State) -> ParentView | None:
     """The parent the candidate was first evaluated from: it was in the archive entering its step."""
-    if state["parent_id"] is None:
+    if state.parent_id is None:
         return None
-    records, _ = read_archive(layout.archive(state["step"]))
-    parent = next((r for r in records if r["id"] == state["parent_id"]), None)
-    return None if parent is None else ParentView(parent["code"], parent["construction"])
+    archive = load_archive(run.layout.archive(state.step))
+    parent = archive.states.get(state.parent_id)
+    return None if parent is None else ParentView(parent.code, parent.construction)
 
 
-def _candidate(layout: RunLayout, state: dict[str, Any]) -> str:
+def _candidate(run: Run, state: State) -> str:
     """The parsed candidate the state came from (its program, or the answer of a data problem)."""
-    if state["code"]:
-        return state["code"]
-    for row in read_rows(layout.evaluations(state["step"])):  # data problems keep no program
-        if row["child_id"] == state["id"]:
-            return row["code"]
-    raise KeyError(f"state {state['id']} has no candidate in step {state['step']}'s evaluations")
+    if state.code:
+        return state.code
+    for e in read_evaluations(run.layout.evaluations(state.step)):  # data problems keep no program
+        if e.child_id == state.id:
+            return e.code
+    raise KeyError(f"state {state.id} has no candidate in step {state.step}'s evaluations")
 
 
 def reevaluate_states(
@@ -77,23 +74,23 @@ def reevaluate_states(
     slot: Callable[[], ContextManager[Any]] = contextlib.nullcontext,
 ) -> list[dict[str, Any]]:
     """Re-score the k best states; `slot()` is held around each evaluation (a GPU slot, say)."""
-    config, layout = open_run(Path(run_dir))
-    problem = make_problem(config)
-    sandbox = sandbox_for(problem, config.sandbox.backend, config.sandbox.concurrency)
+    run = Run.open(run_dir)
+    problem = run.problem()
+    sandbox = sandbox_for(problem, run.config.sandbox.backend, run.config.sandbox.concurrency)
     host = socket.gethostname()
     rows = []
     for state in top_states(run_dir, k):
         t0 = time.time()
         with slot():
             if problem.needs_sandbox:  # run the program again, from the same parent
-                result = problem.evaluate(_candidate(layout, state), _parent_view(layout, state), sandbox)
+                result = problem.evaluate(_candidate(run, state), _parent_view(run, state), sandbox)
             else:  # a data problem: certify the construction again
-                result = problem.verify(state["construction"])
+                result = problem.verify(state.construction)
         rows.append(
             {
-                "state_id": state["id"],
-                "step": state["step"],
-                "archived_reward": float(state["reward"]),
+                "state_id": state.id,
+                "step": state.step,
+                "archived_reward": float(state.reward),
                 "reward": float(result.reward) if result.valid else 0.0,
                 "valid": bool(result.valid),
                 "reason": result.reason,

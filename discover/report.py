@@ -16,11 +16,11 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from discover.config import load_config
+from discover.run import load_archive
 from discover.status import step_rows
 from storage.atomic import atomic_path, atomic_write_text
 from storage.layout import RunLayout
 from storage.manifest import TASKS, read_manifest
-from storage.tables import read_archive
 
 REPORT_DIR = "report"
 COLUMNS = ("step", "best", "mean", "valid", "beta", "tokens", *(f"{t}_s" for t in TASKS))
@@ -63,8 +63,8 @@ def reward_figure(run_dir: Path, path: Path) -> Path:
 
     layout = RunLayout(Path(run_dir))
     rewards = step_rewards(run_dir)
-    seeds, _ = read_archive(layout.archive(0))
-    best = max((r["reward"] for r in seeds), default=0.0)
+    seeds = load_archive(layout.archive(0)).states.values()
+    best = max((s.reward for s in seeds), default=0.0)
     steps = sorted(rewards)
     best_so_far = []
     for s in steps:
@@ -96,14 +96,13 @@ def best_states(run_dir: Path, k: int = 5) -> list[dict[str, Any]]:
     archives = sorted((Path(run_dir) / "archive").glob("*.parquet"))
     if not archives:
         return []
-    records, _ = read_archive(archives[-1])
-    records.sort(key=lambda r: r["reward"], reverse=True)
+    states = sorted(load_archive(archives[-1]).states.values(), key=lambda s: s.reward, reverse=True)
     out = []
-    for r in records[:k]:
-        construction = json.dumps(r["construction"])
+    for s in states[:k]:
+        construction = json.dumps(s.construction)
         if len(construction) > 60:
             construction = construction[:57] + "..."
-        out.append({"state": r["id"], "reward": float(r["reward"]), "step": r["step"], "depth": len(r["lineage"]), "construction": construction})
+        out.append({"state": s.id, "reward": float(s.reward), "step": s.step, "depth": len(s.lineage), "construction": construction})
     return out
 
 

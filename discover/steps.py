@@ -1,139 +1,94 @@
 """The five tasks of one training step (SPEC §1) and the run's initialisation, as plain functions.
 
-Each function reads its inputs from the run directory, writes its output atomically under it and
-returns a reference (`{"path": relative path, "sha256": content hash}`), so Prefect tasks pass
-small references, never tensors (DESIGN.md). Every function is deterministic given the run's seed,
-the step and its inputs: a killed-and-resumed run repeats a task with the same result.
+Each function opens the run (discover/run.py), reads exactly the files `Run.reads` declares for
+it, writes its one output atomically and returns a reference (`{"path": relative path, "sha256":
+content hash}`), so Prefect tasks pass small references, never tensors (DESIGN.md). Every function
+is deterministic given the run's seed, the step and its inputs: a killed-and-resumed run repeats
+a task with the same result.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import shutil
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from discover.archive import Archive, Child, State, update_archive as apply_archive_update
-from discover.config import RunConfig, dump_config, load_config
+from discover.archive import Archive, State, update_archive as apply_archive_update
+from discover.config import RunConfig
 from discover.objectives import group_advantages
+from discover.preflight import preflight
 from discover.prompts import build_context
+from discover.records import Evaluation, Rollout
 from discover.reuse import select_parents as choose_parents
+from discover.run import Ref, Run, load_archive, read_evaluations, read_rollouts, save_archive
 from evaluators.base import EvalResult, ParentView, Problem
-from evaluators.registry import get_problem
 from evaluators.sandbox import sandbox_for
-from storage.atomic import atomic_write_json, atomic_write_text, content_hash
-from storage.layout import RunLayout
-from storage.tables import (
-    EVALUATION_SCHEMA,
-    ROLLOUT_SCHEMA,
-    read_archive,
-    read_rows,
-    write_archive,
-    write_rows,
-)
+from storage.atomic import atomic_dir, atomic_write_json
+from storage.tables import write_records
 
 log = logging.getLogger("discover")
-
-Ref = dict[str, str]
-_TASK_STREAMS = {"seeds": 0, "select_parents": 1, "generate": 2, "train": 3, "policy_init": 4}
-
-
-class RunDirError(RuntimeError):
-    """A run directory that cannot be started or resumed as asked."""
-
-
-def make_ref(layout: RunLayout, path: Path) -> Ref:
-    return {"path": layout.relative(path), "sha256": content_hash(path)}
-
-
-def task_seed(config: RunConfig, task: str, step: int) -> int:
-    """A seed for one task of one step, derived from the run seed (same run seed, same streams)."""
-    return int(np.random.SeedSequence([config.seed, _TASK_STREAMS[task], step]).generate_state(1)[0])
-
-
-def open_run(run_dir: Path) -> tuple[RunConfig, RunLayout]:
-    layout = RunLayout(Path(run_dir))
-    if not layout.config.is_file():
-        raise RunDirError(f"{run_dir} is not a run directory (no config.yaml); start one with `discover run CONFIG`")
-    return load_config(layout.config), layout
-
-
-def make_problem(config: RunConfig) -> Problem:
-    """The run's problem, with the configuration's sandbox limits where they are set."""
-    s = config.sandbox
-    return get_problem(config.problem, **config.problem_options).with_limits(
-        timeout_s=s.timeout_s,
-        memory_mb=s.memory_mb,
-        cpus=s.cpus,
-        max_output_bytes=s.max_output_bytes,
-        max_processes=s.max_processes,
-    )
-
-
-def load_archive(path: Path) -> Archive:
-    records, total = read_archive(path)
-    return Archive.from_records(records, total)
-
-
-def save_archive(path: Path, archive: Archive) -> None:
-    write_archive(path, archive.to_records(), archive.total_expansions)
 
 
 # ---------------------------------------------------------------------------------------------
 # Initialisation: run directory, seeds (archive 0) and the initial adapter (checkpoint 0).
 
 
-def init_run(config: RunConfig) -> dict[str, Ref]:
-    """Create the run directory with its seeds and initial policy; idempotent for the same config."""
-    layout = RunLayout(config.run_dir)
-    if layout.config.is_file():
-        existing = load_config(layout.config)
-        if existing.model_dump(exclude={"run_dir"}) != config.model_dump(exclude={"run_dir"}):
-            raise RunDirError(
-                f"{config.run_dir} already holds a run with another configuration; "
-                "resume it with `discover resume`, or choose a new run_dir"
-            )
-    else:
-        layout.root.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(layout.run_info, {"run_id": uuid.uuid4().hex, "created": time.time()})
-        atomic_write_text(layout.config, dump_config(config))
+def create_run(config: RunConfig) -> Run:
+    """Check what can be checked, then create the run directory (or open the same run again)."""
+    if not (Path(config.run_dir) / "config.yaml").is_file():
+        preflight(config)  # nothing is written for a configuration that cannot work
+    return Run.create(config)
 
-    if not layout.archive(0).is_file():
-        problem = make_problem(config)
-        rng = np.random.default_rng(task_seed(config, "seeds", 0))
-        seeds = []
-        for i, seed in enumerate(problem.seeds(rng, config.reuse.seed_states)):
-            verdict = problem.verify(seed.construction)  # an invalid seed still enters, with reward 0
-            seeds.append(
-                State(
-                    id=f"seed-{i}",
-                    parent_id=None,
-                    step=-1,
-                    reward=verdict.reward if verdict.valid else 0.0,
-                    code=seed.code,
-                    construction=seed.construction,
-                    is_seed=True,
-                )
-            )
-        save_archive(layout.archive(0), Archive.from_seeds(seeds))
 
-    if not (layout.checkpoint(0) / "adapter").is_dir():
+def initialise(run_dir: Path) -> dict[str, Ref]:
+    """The seeds (archive 0) and the initial adapter (checkpoint 0), each written once.
+
+    Idempotent, and called on every start and resume, so a run killed during its initialisation
+    resumes where it stopped.
+    """
+    run = Run.open(run_dir)
+    archive0 = run.layout.archive(0)
+    if not archive0.is_file():
+        save_archive(archive0, Archive.from_seeds(_seed_states(run)))
+    checkpoint0 = run.layout.checkpoint(0)
+    if not (checkpoint0 / "adapter").is_dir():
         from discover.policy import load_policy
 
-        policy = load_policy(config.model, None, seed=task_seed(config, "policy_init", 0))
-        policy.save(layout.checkpoint(0) / "adapter")
-    return {"archive": make_ref(layout, layout.archive(0)), "checkpoint": make_ref(layout, layout.checkpoint(0))}
+        policy = load_policy(run.config.model, None, seed=run.seed("policy_init", 0))
+        with atomic_dir(checkpoint0) as tmp:
+            policy.save(tmp / "adapter")
+    return {"archive": run.ref(archive0), "checkpoint": run.ref(checkpoint0)}
 
 
-def run_id(layout: RunLayout) -> str:
-    return json.loads(layout.run_info.read_text())["run_id"]
+def _seed_states(run: Run) -> list[State]:
+    """SPEC §1: the initial states with their rewards; an invalid seed enters with reward 0."""
+    problem = run.problem()
+    rng = np.random.default_rng(run.seed("seeds", 0))
+    seeds = problem.seeds(rng, run.config.reuse.seed_states)
+    sandbox = sandbox_for(problem, run.config.sandbox.backend, run.config.sandbox.concurrency)
+    states = []
+    for i, seed in enumerate(seeds):
+        if seed.code.strip() and problem.needs_sandbox and seed.construction is None:
+            verdict = problem.evaluate(seed.code, None, sandbox)  # a program: run it to score it
+            construction = verdict.construction
+        else:
+            verdict = problem.verify(seed.construction)
+            construction = seed.construction
+        if not verdict.valid:
+            log.warning("seed %d of %s is invalid (reward 0): %s", i, problem.name, verdict.reason)
+        states.append(
+            State(
+                id=f"seed-{i}", parent_id=None, step=-1, reward=verdict.reward if verdict.valid else 0.0,
+                code=seed.code, construction=construction, observation=verdict.logs, is_seed=True,
+            )
+        )
+    return states
 
 
 # ---------------------------------------------------------------------------------------------
@@ -142,10 +97,11 @@ def run_id(layout: RunLayout) -> str:
 
 def select_parents(run_dir: Path, step: int) -> Ref:
     """SPEC §1.1 and §3: choose G start states from the archive and build one context per group."""
-    config, layout = open_run(run_dir)
-    archive = load_archive(layout.archive(step))
-    problem = make_problem(config)
-    rng = np.random.default_rng(task_seed(config, "select_parents", step))
+    run = Run.open(run_dir)
+    config, inputs = run.config, run.reads("select_parents", step)
+    archive = load_archive(inputs["archive"])
+    problem = run.problem()
+    rng = np.random.default_rng(run.seed("select_parents", step))
     chosen = choose_parents(
         archive, config.reuse.rule, config.groups, rng, c=config.reuse.puct_c, epsilon=config.reuse.epsilon
     )
@@ -154,19 +110,20 @@ def select_parents(run_dir: Path, step: int) -> Ref:
         s = archive[parent_id]
         context = build_context(problem.description, problem.render_state(s.code, s.construction), s.reward, s.observation)
         groups.append({"group": g, "parent_id": parent_id, "parent_reward": s.reward, "context": context})
-    out = layout.parents(step)
+    out = run.writes("select_parents", step)
     atomic_write_json(out, {"step": step, "rule": config.reuse.rule, "groups": groups})
     log.info("step %d select_parents: %s", step, ", ".join(f"{g['parent_id']} ({g['parent_reward']:.4f})" for g in groups))
-    return make_ref(layout, out)
+    return run.ref(out)
 
 
 def generate(run_dir: Path, step: int) -> Ref:
     """SPEC §1.2 and §4: K rollouts per context from the policy of this step, with log-probs."""
     from discover.policy import GenerationSettings, load_policy
 
-    config, layout = open_run(run_dir)
-    parents = json.loads(layout.parents(step).read_text())["groups"]
-    policy = load_policy(config.model, layout.checkpoint(step) / "adapter")
+    run = Run.open(run_dir)
+    config, inputs = run.config, run.reads("generate", step)
+    parents = json.loads(inputs["parents"].read_text())["groups"]
+    policy = load_policy(config.model, inputs["checkpoint"] / "adapter")
     s = config.sampling
     settings = GenerationSettings(
         context_tokens=s.context_tokens,
@@ -176,127 +133,86 @@ def generate(run_dir: Path, step: int) -> Ref:
         think_end=s.think_end,
     )
     t0 = time.time()
-    samples = policy.sample([g["context"] for g in parents], config.rollouts_per_group, settings, task_seed(config, "generate", step))
-    rows = []
-    for g, completions in zip(parents, samples):
-        for k, c in enumerate(completions):
-            rows.append(
-                {
-                    "group": g["group"],
-                    "index": k,
-                    "parent_id": g["parent_id"],
-                    "prompt_ids": c.prompt_ids,
-                    "completion_ids": c.completion_ids,
-                    "sampler_logprobs": c.sampler_logprobs,
-                    "loss_mask": c.loss_mask,
-                    "text": c.text,
-                    "answer": c.answer,
-                    "forced": c.forced,
-                    "finish_reason": c.finish_reason,
-                }
-            )
-    out = layout.rollouts(step)
-    write_rows(out, rows, ROLLOUT_SCHEMA)
-    tokens = sum(len(r["completion_ids"]) for r in rows)
-    log.info("step %d generate: %d rollouts, %d tokens in %.1f s", step, len(rows), tokens, time.time() - t0)
-    return make_ref(layout, out)
+    samples = policy.sample([g["context"] for g in parents], config.rollouts_per_group, settings, run.seed("generate", step))
+    rollouts = [
+        Rollout.of(c, group=g["group"], index=k, parent_id=g["parent_id"])
+        for g, completions in zip(parents, samples)
+        for k, c in enumerate(completions)
+    ]
+    out = run.writes("generate", step)
+    write_records(out, rollouts, Rollout)
+    tokens = sum(len(r.completion_ids) for r in rollouts)
+    log.info("step %d generate: %d rollouts, %d tokens in %.1f s", step, len(rollouts), tokens, time.time() - t0)
+    return run.ref(out)
 
 
-def _evaluate_one(problem: Problem, sandbox: Any, answer: str, parent: ParentView) -> tuple[dict[str, Any], float]:
+def evaluate_candidate(problem: Problem, sandbox: Any, answer: str, parent: ParentView | None) -> tuple[EvalResult, str, float]:
+    """Parse one answer and score its candidate: (verdict, candidate, seconds)."""
     t0 = time.time()
     candidate = problem.parse(answer)
     if candidate is None:
-        result, candidate = EvalResult.invalid("no candidate found in the answer"), ""
-    else:
-        result = problem.evaluate(candidate, parent, sandbox)
-    return dataclasses.asdict(result) | {"code": candidate}, time.time() - t0
+        return EvalResult.invalid("no candidate found in the answer"), "", time.time() - t0
+    return problem.evaluate(candidate, parent, sandbox), candidate, time.time() - t0
 
 
 def evaluate(run_dir: Path, step: int) -> Ref:
     """SPEC §1.3: parse each rollout into a candidate and score it in the problem's sandbox."""
-    config, layout = open_run(run_dir)
-    problem = make_problem(config)
-    archive = load_archive(layout.archive(step))
-    rollouts = read_rows(layout.rollouts(step))
+    run = Run.open(run_dir)
+    config, inputs = run.config, run.reads("evaluate", step)
+    problem = run.problem()
+    archive = load_archive(inputs["archive"])
+    rollouts = read_rollouts(inputs["rollouts"])
     sandbox = sandbox_for(problem, config.sandbox.backend, config.sandbox.concurrency)
-    views = {pid: ParentView(archive[pid].code, archive[pid].construction) for pid in {r["parent_id"] for r in rollouts}}
+    views = {r.parent_id: ParentView(archive[r.parent_id].code, archive[r.parent_id].construction) for r in rollouts}
     t0 = time.time()
     with ThreadPoolExecutor(max_workers=config.sandbox.concurrency) as pool:
-        futures = [pool.submit(_evaluate_one, problem, sandbox, r["answer"], views[r["parent_id"]]) for r in rollouts]
-        results = []
-        for i, f in enumerate(futures):
-            results.append(f.result())
+        futures = [pool.submit(evaluate_candidate, problem, sandbox, r.answer, views[r.parent_id]) for r in rollouts]
+        evaluations = []
+        for i, (r, f) in enumerate(zip(rollouts, futures)):
+            result, candidate, seconds = f.result()
+            evaluations.append(Evaluation.of(r, step, result, candidate, seconds))
             if problem.needs_sandbox and (i + 1) % max(1, len(futures) // 10) == 0:
                 log.info("step %d evaluate: %d/%d candidates", step, i + 1, len(futures))
-    rows = []
-    for r, (res, seconds) in zip(rollouts, results):
-        rows.append(
-            {
-                "group": r["group"],
-                "index": r["index"],
-                "child_id": f"s{step:04d}-g{r['group']:02d}-r{r['index']:03d}",
-                "parent_id": r["parent_id"],
-                "reward": float(res["reward"]) if res["valid"] else 0.0,
-                "valid": bool(res["valid"]),
-                "reason": res["reason"],
-                "code": res["code"],
-                "construction_json": json.dumps(res["construction"], allow_nan=True),
-                "metrics_json": json.dumps(res["metrics"], allow_nan=True),
-                "logs": res["logs"],
-                "seconds": seconds,
-            }
-        )
-    out = layout.evaluations(step)
-    write_rows(out, rows, EVALUATION_SCHEMA)
-    rewards = [r["reward"] for r in rows]
-    valid = sum(r["valid"] for r in rows)
+    out = run.writes("evaluate", step)
+    write_records(out, evaluations, Evaluation)
+    rewards = [e.reward for e in evaluations]
     log.info(
         "step %d evaluate: %d/%d valid, best %.6f, mean %.6f in %.1f s",
-        step, valid, len(rows), max(rewards), float(np.mean(rewards)), time.time() - t0,
+        step, sum(e.valid for e in evaluations), len(evaluations), max(rewards), float(np.mean(rewards)), time.time() - t0,
     )
-    return make_ref(layout, out)
+    return run.ref(out)
 
 
 def update_archive(run_dir: Path, step: int) -> Ref:
     """SPEC §1.4 and §3: expansion statistics, top children per parent, the size cap."""
-    config, layout = open_run(run_dir)
-    archive = load_archive(layout.archive(step))
-    parents = [g["parent_id"] for g in json.loads(layout.parents(step).read_text())["groups"]]
-    children = [
-        Child(
-            id=r["child_id"],
-            parent_id=r["parent_id"],
-            step=step,
-            reward=r["reward"],
-            valid=r["valid"],
-            code=r["code"],
-            construction=json.loads(r["construction_json"]),
-            observation=r["logs"],
-        )
-        for r in read_rows(layout.evaluations(step))
-    ]
+    run = Run.open(run_dir)
+    config, inputs = run.config, run.reads("update_archive", step)
+    archive = load_archive(inputs["archive"])
+    parents = [g["parent_id"] for g in json.loads(inputs["parents"].read_text())["groups"]]
+    children = [e.child(step) for e in read_evaluations(inputs["evaluations"])]
     new = apply_archive_update(
         archive, parents, children, per_parent=config.reuse.children_per_parent, max_size=config.reuse.archive_size
     )
-    out = layout.archive(step + 1)
+    out = run.writes("update_archive", step)
     save_archive(out, new)
     best = new.best()
     log.info("step %d update_archive: %d states, best %s (%.6f)", step, len(new), best.id, best.reward)
-    return make_ref(layout, out)
+    return run.ref(out)
 
 
 def train(run_dir: Path, step: int) -> Ref:
     """SPEC §1.5 and §2: one optimizer step of the LoRA policy on all G x K rollouts."""
-    config, layout = open_run(run_dir)
-    rollouts = read_rows(layout.rollouts(step))
-    evaluations = {(e["group"], e["index"]): e["reward"] for e in read_rows(layout.evaluations(step))}
+    run = Run.open(run_dir)
+    config, inputs = run.config, run.reads("train", step)
+    rollouts = read_rollouts(inputs["rollouts"])
+    rewards = {(e.group, e.index): e.reward for e in read_evaluations(inputs["evaluations"])}
     rewards_by_group: dict[int, list[float]] = {}
     for r in rollouts:
-        rewards_by_group.setdefault(r["group"], []).append(evaluations[(r["group"], r["index"])])
+        rewards_by_group.setdefault(r.group, []).append(rewards[(r.group, r.index)])
     advantages: dict[int, np.ndarray] = {}
     betas = []
-    for g, rewards in rewards_by_group.items():
-        ga = group_advantages(rewards, config.train.objective, gamma=config.train.gamma, constant_beta=config.train.constant_beta)
+    for g, group_rewards in rewards_by_group.items():
+        ga = group_advantages(group_rewards, config.train.objective, gamma=config.train.gamma, constant_beta=config.train.constant_beta)
         advantages[g] = ga.advantages
         betas.append(ga.beta)
     finite = [b for b in betas if np.isfinite(b)]
@@ -307,49 +223,30 @@ def train(run_dir: Path, step: int) -> Ref:
         "beta_max": float(np.max(finite)) if finite else None,
         "groups_with_signal": int(sum(np.any(a != 0) for a in advantages.values())),
     }
-    src, dst = layout.checkpoint(step), layout.checkpoint(step + 1)
+    src, dst = inputs["checkpoint"], run.writes("train", step)
     t0 = time.time()
     if config.train.objective == "none":
-        _copy_checkpoint(src, dst)  # search only: the policy stays as it was
+        with atomic_dir(dst) as tmp:  # search only: the policy stays as it was
+            shutil.copytree(src, tmp, dirs_exist_ok=True)
     else:
-        from discover.policy import Completion, TrainBatch, load_policy
-        from storage.atomic import atomic_dir
+        from discover.policy import TrainBatch, load_policy
 
         policy = load_policy(config.model, src / "adapter")
-        completions = [
-            Completion(
-                prompt_ids=r["prompt_ids"],
-                completion_ids=r["completion_ids"],
-                sampler_logprobs=r["sampler_logprobs"],
-                loss_mask=r["loss_mask"],
-                text=r["text"],
-                answer=r["answer"],
-                forced=r["forced"],
-                finish_reason=r["finish_reason"],
-            )
-            for r in rollouts
-        ]
-        batch = TrainBatch(completions=completions, advantages=[float(advantages[r["group"]][r["index"]]) for r in rollouts])
+        batch = TrainBatch(
+            completions=[r.completion() for r in rollouts],
+            advantages=[float(advantages[r.group][r.index]) for r in rollouts],
+        )
         optimizer = src / "optimizer.pt"
         stats |= policy.train_step(batch, config.train, temperature=config.sampling.temperature, optimizer_state=optimizer if optimizer.is_file() else None)
         with atomic_dir(dst) as tmp:
             policy.save(tmp / "adapter", tmp / "optimizer.pt")
     stats["seconds"] = time.time() - t0
-    atomic_write_json(layout.train_stats(step), stats)
+    atomic_write_json(run.layout.train_stats(step), stats)
     beta = f"{stats['beta_mean']:.3g}" if stats["beta_mean"] is not None else "n/a"
     log.info("step %d train: loss %s, beta %s, %d groups with signal", step, f"{stats.get('loss', float('nan')):.4g}", beta, stats["groups_with_signal"])
-    return make_ref(layout, dst)
-
-
-def _copy_checkpoint(src: Path, dst: Path) -> None:
-    from storage.atomic import atomic_dir
-
-    with atomic_dir(dst) as tmp:
-        shutil.copytree(src, tmp, dirs_exist_ok=True)
+    return run.ref(dst)
 
 
 def best_state(run_dir: Path) -> State:
     """The best state of the newest archive of a run."""
-    layout = RunLayout(Path(run_dir))
-    newest = sorted((layout.root / "archive").glob("*.parquet"))[-1]
-    return load_archive(newest).best()
+    return load_archive(Run.open(run_dir).newest_archive()).best()

@@ -16,9 +16,9 @@ from storage.layout import RunLayout
 
 
 def _key(run_dir: str, what: str) -> str:
-    from discover.steps import run_id
+    from discover.run import Run
 
-    return f"discover-{run_id(RunLayout(Path(run_dir)))[:12]}-{what}"
+    return f"discover-{Run.open(run_dir).run_id[:12]}-{what}"
 
 
 def _data_url(png: Path) -> str:

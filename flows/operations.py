@@ -1,7 +1,7 @@
-"""Operator commands around the Prefect server (README "## Operations").
+"""Operations around the Prefect server (README "## Operations"), run as `discover` commands:
 
-    python -m flows.operations setup [--file prefect.yaml]   # work pools and GPU limits of prefect.yaml
-    python -m flows.operations crashed FLOW_RUN_ID           # mark a run whose worker died as crashed
+    discover setup [--file prefect.yaml]   # work pools and GPU limits of prefect.yaml
+    discover crashed FLOW_RUN_ID           # mark a run whose worker died as crashed
 
 `setup` is idempotent: an existing pool is updated (`prefect work-pool create --overwrite`), an
 existing limit gets the new slot count. Each GPU pool gets a global concurrency limit of the same
@@ -14,7 +14,6 @@ retry can follow. Check first that its worker is really gone.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import shutil
 import subprocess
@@ -52,7 +51,7 @@ async def _mark_crashed(flow_run_id: str) -> str:
         run = await client.read_flow_run(flow_run_id)
         if run.state is not None and run.state.is_final():
             return f"flow run {flow_run_id} is already {run.state.type.value}; nothing to do"
-        await client.set_flow_run_state(flow_run_id, Crashed(message="worker lost (marked by flows.operations)"), force=True)
+        await client.set_flow_run_state(flow_run_id, Crashed(message="worker lost (marked by `discover crashed`)"), force=True)
         return f"flow run {flow_run_id} marked CRASHED; now: prefect flow-run retry {flow_run_id}"
 
 
@@ -71,19 +70,5 @@ def setup(file: Path) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m flows.operations", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    p_setup = sub.add_parser("setup", help="create the work pools and GPU concurrency limits of prefect.yaml")
-    p_setup.add_argument("--file", type=Path, default=Path("prefect.yaml"))
-    p_crashed = sub.add_parser("crashed", help="mark a flow run whose worker died as CRASHED, so it can be retried")
-    p_crashed.add_argument("flow_run_id")
-    args = parser.parse_args(argv)
-    if args.command == "setup":
-        return setup(args.file)
-    print(asyncio.run(_mark_crashed(args.flow_run_id)))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+def mark_crashed(flow_run_id: str) -> str:
+    return asyncio.run(_mark_crashed(flow_run_id))

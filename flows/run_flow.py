@@ -9,6 +9,7 @@ from typing import Any
 from prefect import flow
 
 from discover import steps
+from discover.run import Run
 from flows import artifacts, tasks
 from flows.step_flow import discovery_step
 from storage.manifest import finished_steps
@@ -55,9 +56,11 @@ def discovery_run(
     """
     run_dir, config_yaml = _config_yaml(run_dir, config_yaml, config_path, config)
     if config_yaml is not None:
-        tasks.init_run(config_yaml, run_dir)
-    config_, layout = steps.open_run(Path(run_dir))
-    start = finished_steps(layout.manifest)
+        steps.create_run(_parse(config_yaml, run_dir))
+    tasks.initialise(run_dir)  # also on resume: a run killed while initialising finishes it first
+    run = Run.open(run_dir)
+    config_ = run.config
+    start = finished_steps(run.layout.manifest)
     if start:
         log.info("resuming %s at step %d of %d", run_dir, start, config_.steps)
     for step in range(start, config_.steps):
@@ -68,6 +71,16 @@ def discovery_run(
     best = steps.best_state(Path(run_dir))
     log.info("best state %s: reward %.6f", best.id, best.reward)
     return {"run_dir": run_dir, "best_state": best.id, "best_reward": best.reward, "report": str(report) if report else None}
+
+
+def _parse(config_yaml: str, run_dir: str):
+    import yaml
+
+    from discover.config import parse_config
+
+    data = yaml.safe_load(config_yaml)
+    data["run_dir"] = run_dir
+    return parse_config(data)
 
 
 def _quietly(fn, *args):

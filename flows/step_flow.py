@@ -27,9 +27,9 @@ def result_storage(run_dir: str) -> Path | str:
     if not shared:
         return layout.prefect_results.resolve()
     if shared.startswith("/"):
-        from discover.steps import run_id
+        from discover.run import Run
 
-        return Path(shared) / run_id(layout)
+        return Path(shared) / Run.open(run_dir).run_id
     return shared  # a block document slug, "<block-type>/<block-name>"
 
 

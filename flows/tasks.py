@@ -1,40 +1,32 @@
 """Prefect tasks: each calls one function of discover/steps.py and passes references.
 
-Cache keys (DESIGN.md, "Retry, cache, resume"): run id, step, the hashes of the input files the
-task reads, and the source of the task's function. What could go stale: a task whose inputs were
-edited by hand without changing their content hash (impossible for files written by the run), or a
-change in a helper module the function calls (the function's own source is hashed, its callees'
-are not). Delete `prefect-results/` in the run directory to force every task to run again.
+Cache keys come from flows/cache.py (the task's source, its step function's source, the run id,
+the step and the hashes of exactly the files the task reads). Retries are for infrastructure only:
+a candidate's own failure is a reward of 0 inside `evaluate`, never an exception.
 """
 
 from __future__ import annotations
 
-import hashlib
-import inspect
 import os
-import signal
 import time
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Callable, ContextManager
 
 from prefect import task
-from prefect.context import TaskRunContext
 
 from discover import steps
-from storage.atomic import content_hash
-from storage.layout import RunLayout
+from discover.run import Run, RunDirError
+from flows.cache import step_cache_policy
 from storage.manifest import record_task
 
-CRASH_ENV = "DISCOVER_CRASH_AT"  # test hook: "TASK:STEP:PHASE" kills the run's process group there
-HOLD_ENV = "DISCOVER_HOLD_AT"  # test hook: "TASK:STEP:PHASE" writes RUN_DIR/.held and waits there to be killed
 # The global concurrency limit of the GPUs of this worker's pool (set in the pool's job variables,
 # see prefect.yaml); an evaluate task of a problem that needs a GPU holds one slot per candidate it
 # runs at once (sandbox.concurrency), so evaluations never exceed the pool's GPUs.
 GPU_LIMIT_ENV = "DISCOVER_GPU_LIMIT"
 
-# Failures of infrastructure are retried; a candidate's own failure is a reward of 0, never raised.
-_NO_RETRY = (ValueError, KeyError, TypeError, steps.RunDirError)
+# Failures of infrastructure are retried; a bad configuration or run directory is not.
+_NO_RETRY = (ValueError, KeyError, TypeError, RunDirError)
 
 
 def _retry_infrastructure_only(task: Any, task_run: Any, state: Any) -> bool:
@@ -47,74 +39,30 @@ def _retry_infrastructure_only(task: Any, task_run: Any, state: Any) -> bool:
     return False
 
 
-def _input_hashes(run_dir: Path, step: int, task_name: str) -> list[str]:
-    layout = RunLayout(Path(run_dir))
-    inputs = {
-        "select_parents": [layout.archive(step)],
-        "generate": [layout.parents(step), layout.checkpoint(step)],
-        "evaluate": [layout.archive(step), layout.rollouts(step)],
-        "update_archive": [layout.archive(step), layout.parents(step), layout.evaluations(step)],
-        "train": [layout.rollouts(step), layout.evaluations(step), layout.checkpoint(step)],
-    }[task_name]
-    return [content_hash(p) if p.exists() else "missing" for p in inputs]
-
-
-def _cache_key(fn: Callable[..., Any]) -> Callable[[TaskRunContext, dict[str, Any]], str]:
-    source = hashlib.sha256(inspect.getsource(fn).encode()).hexdigest()
-
-    def key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
-        run_dir, step = Path(parameters["run_dir"]), int(parameters["step"])
-        parts = [steps.run_id(RunLayout(run_dir)), str(step), fn.__name__, source, *_input_hashes(run_dir, step, fn.__name__)]
-        return hashlib.sha256("|".join(parts).encode()).hexdigest()
-
-    return key
-
-
-def _maybe_crash(task_name: str, step: int, phase: str) -> None:
-    """Fault injection for the resume tests: SIGKILL the whole process group, server included."""
-    if os.environ.get(CRASH_ENV) == f"{task_name}:{step}:{phase}":
-        os.killpg(os.getpgrp(), signal.SIGKILL)
-
-
-def _maybe_hold(run_dir: str, task_name: str, step: int) -> None:
-    """Fault injection for the worker-kill test: announce the task has started, then wait to be killed."""
-    if os.environ.get(HOLD_ENV) == f"{task_name}:{step}:start":
-        (Path(run_dir) / ".held").write_text(f"{task_name}:{step}:{os.getpid()}\n")
-        time.sleep(600)
-
-
-def _gpu_slots(run_dir: str, task_name: str) -> ContextManager[Any]:
+def _gpu_slots(run: Run, name: str) -> ContextManager[Any]:
     """Slots of the pool's GPU limit for an evaluate task whose problem needs a GPU; else nothing."""
     limit = os.environ.get(GPU_LIMIT_ENV)
-    if task_name != "evaluate" or not limit:
-        return nullcontext()
-    config, _ = steps.open_run(Path(run_dir))
-    if not steps.make_problem(config).needs_gpu:
+    if name != "evaluate" or not limit or not run.problem().needs_gpu:
         return nullcontext()
     from prefect.concurrency.sync import concurrency
 
-    return concurrency(limit, occupy=config.sandbox.concurrency, strict=True)
+    return concurrency(limit, occupy=run.config.sandbox.concurrency, strict=True)
 
 
-def _wrap(fn: Callable[[Path, int], dict[str, str]]):
-    name = fn.__name__
+def _run_step(name: str, run_dir: str, step: int) -> dict[str, str]:
+    """Call `discover.steps.<name>` and record it in the run's manifest."""
+    run = Run.open(Path(run_dir))
+    started = time.time()
+    with _gpu_slots(run, name):
+        ref = getattr(steps, name)(Path(run_dir), step)
+    record_task(run.layout.manifest, step, name, ref, started, time.time())
+    return ref
 
-    def body(run_dir: str, step: int) -> dict[str, str]:
-        started = time.time()
-        _maybe_crash(name, step, "start")
-        _maybe_hold(run_dir, name, step)
-        with _gpu_slots(run_dir, name):
-            ref = fn(Path(run_dir), step)
-        _maybe_crash(name, step, "end")
-        record_task(RunLayout(Path(run_dir)).manifest, step, name, ref, started, time.time())
-        return ref
 
-    body.__name__ = name
-    body.__doc__ = fn.__doc__
+def _step_task(name: str) -> Callable[[Callable[..., Any]], Any]:
     return task(
-        body,
         name=name,
-        cache_key_fn=_cache_key(fn),
+        cache_policy=step_cache_policy(name),
         persist_result=True,
         retries=2,
         retry_delay_seconds=[10, 60],
@@ -122,19 +70,32 @@ def _wrap(fn: Callable[[Path, int], dict[str, str]]):
     )
 
 
-select_parents = _wrap(steps.select_parents)
-generate = _wrap(steps.generate)
-evaluate = _wrap(steps.evaluate)
-update_archive = _wrap(steps.update_archive)
-train = _wrap(steps.train)
+@_step_task("select_parents")
+def select_parents(run_dir: str, step: int) -> dict[str, str]:
+    return _run_step("select_parents", run_dir, step)
 
 
-@task(name="init_run", retries=1, retry_delay_seconds=10, retry_condition_fn=_retry_infrastructure_only)
-def init_run(config_yaml: str, run_dir: str) -> dict[str, Any]:
-    """Create the run directory, its seeds and the initial adapter (idempotent)."""
-    from discover.config import parse_config
-    import yaml
+@_step_task("generate")
+def generate(run_dir: str, step: int) -> dict[str, str]:
+    return _run_step("generate", run_dir, step)
 
-    data = yaml.safe_load(config_yaml)
-    data["run_dir"] = run_dir
-    return steps.init_run(parse_config(data))
+
+@_step_task("evaluate")
+def evaluate(run_dir: str, step: int) -> dict[str, str]:
+    return _run_step("evaluate", run_dir, step)
+
+
+@_step_task("update_archive")
+def update_archive(run_dir: str, step: int) -> dict[str, str]:
+    return _run_step("update_archive", run_dir, step)
+
+
+@_step_task("train")
+def train(run_dir: str, step: int) -> dict[str, str]:
+    return _run_step("train", run_dir, step)
+
+
+@task(name="initialise", retries=1, retry_delay_seconds=10, retry_condition_fn=_retry_infrastructure_only)
+def initialise(run_dir: str) -> dict[str, Any]:
+    """The run's seeds and initial adapter, each written once (idempotent; runs on every resume)."""
+    return steps.initialise(Path(run_dir))

@@ -29,6 +29,16 @@ def tiny_model_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return cache
 
 
+@pytest.fixture(scope="session")
+def prefect_api():
+    """Prefect's API for flows run inside the test process: one temporary server per session."""
+    from prefect.settings import PREFECT_API_URL
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=600):
+        yield PREFECT_API_URL.value()
+
+
 def tiny_toy_config(run_dir: Path, **overrides: object) -> dict:
     """A toy run small enough for an integration test: the tiny model, 2 groups of 4 rollouts."""
     config = {
@@ -43,3 +53,13 @@ def tiny_toy_config(run_dir: Path, **overrides: object) -> dict:
     }
     config.update(overrides)
     return config
+
+
+def archive_records(path: Path) -> tuple[list[dict], int]:
+    """The states of an archive file as plain dicts, in order, and its T."""
+    import dataclasses
+
+    from discover.run import load_archive
+
+    archive = load_archive(path)
+    return [dataclasses.asdict(s) for s in archive.states.values()], archive.total_expansions

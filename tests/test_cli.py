@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from discover.cli import app
+from cli.app import app
 
 runner = CliRunner()
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from discover.cli import app
+from cli.app import app
 from evaluators.base import ParentView
 from evaluators.registry import get_problem
 from evaluators.sandbox import ProcessSandbox

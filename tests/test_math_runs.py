@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from evaluators.registry import get_problem
-from storage.tables import read_archive
+from tests.conftest import archive_records as read_archive
 
 pytestmark = pytest.mark.slow
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from discover.cli import app
+from cli.app import app
 from evaluators.math.ac1 import ac1_bound
 from evaluators.math.ac2 import ac2_bound
 from evaluators.math.autoconvolution import autoconvolution

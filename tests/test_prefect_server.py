@@ -26,7 +26,7 @@ import pytest
 import yaml
 
 from storage.manifest import TASKS, read_manifest
-from storage.tables import read_archive
+from tests.conftest import archive_records as read_archive
 from tests.conftest import tiny_toy_config
 
 pytestmark = pytest.mark.slow
@@ -137,8 +137,8 @@ def test_deployments_workers_kill_retry_and_scheduled_reevaluation(tmp_path: Pat
         _wait("the Prefect server to answer /api/health", healthy, 90, lambda: procs.log("server"))
         assert (tmp_path / "prefect-home" / "prefect.db").is_file()  # the default SQLite database
         # The uninterrupted reference: the same configuration through the CLI, beside the workers.
-        procs.start("cli", [sys.executable, "-m", "discover.cli", "run", str(tmp_path / "cli.yaml")], env)
-        infra = subprocess.run([sys.executable, "-m", "flows.operations", "setup"], cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+        procs.start("cli", [sys.executable, "-m", "cli", "run", str(tmp_path / "cli.yaml")], env)
+        infra = subprocess.run([sys.executable, "-m", "cli", "setup"], cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
         assert infra.returncode == 0, infra.stdout + infra.stderr
         prefect("deploy", "--all", timeout=180)
 
@@ -158,7 +158,9 @@ def test_deployments_workers_kill_retry_and_scheduled_reevaluation(tmp_path: Pat
 
         # 2. A worker killed inside step 1's evaluate task (the task announces itself and waits).
         procs.kill("worker-1")
-        procs.start("worker-2", worker_cmd, dict(env, DISCOVER_HOLD_AT="evaluate:1:start"))
+        # The hold comes from tests/faults/sitecustomize.py, on the worker's PYTHONPATH and so on its flow runs'.
+        faults = str(Path(__file__).parent / "faults")
+        procs.start("worker-2", worker_cmd, dict(env, DISCOVER_HOLD_AT="evaluate:1:start", PYTHONPATH=faults))
         killed = tmp_path / "killed"
         run_b = run_deployment("discovery-run/process", config_path=str(tmp_path / "killed.yaml"))
         _wait("the run to reach step 1's evaluate task", lambda: (killed / ".held").is_file(), 240, lambda: procs.log("worker-2"))
@@ -178,7 +180,7 @@ def test_deployments_workers_kill_retry_and_scheduled_reevaluation(tmp_path: Pat
         # new worker runs it again and the tasks that had finished come from the cache.
         (killed / ".held").unlink()
         procs.start("worker-3", worker_cmd, env)
-        marked = subprocess.run([sys.executable, "-m", "flows.operations", "crashed", run_b], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+        marked = subprocess.run([sys.executable, "-m", "cli", "crashed", run_b], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
         assert marked.returncode == 0 and state(run_b) == "CRASHED", marked.stdout + marked.stderr
         prefect("flow-run", "retry", run_b)
         wait_state(run_b, "COMPLETED", "worker-3")

@@ -17,16 +17,18 @@ from evaluators.toy.digits import DigitsProblem
 from storage.atomic import atomic_write_json, atomic_write_text
 from storage.layout import RunLayout
 from storage.manifest import TASKS, record_task
-from storage.tables import EVALUATION_SCHEMA, ROLLOUT_SCHEMA, write_archive, write_rows
+from discover.archive import Archive, State
+from discover.records import Evaluation, Rollout
+from discover.run import save_archive
+from storage.tables import write_records
 
 
-def _state(id: str, parent: str | None, step: int, construction: str, lineage: tuple[str, ...]) -> dict:
+def _state(id: str, parent: str | None, step: int, construction: str, lineage: tuple[str, ...]) -> State:
     reward = DigitsProblem().verify(construction).reward if construction else 0.0
-    return {
-        "id": id, "parent_id": parent, "step": step, "reward": reward, "is_seed": parent is None,
-        "lineage": lineage, "code": construction[-4:], "construction": construction, "observation": "",
-        "best_child_reward": None, "visits": 0,
-    }
+    return State(
+        id=id, parent_id=parent, step=step, reward=reward, is_seed=parent is None,
+        lineage=lineage, code=construction[-4:], construction=construction,
+    )
 
 
 @pytest.fixture
@@ -39,23 +41,21 @@ def run_dir(tmp_path: Path) -> Path:
     atomic_write_json(layout.run_info, {"run_id": "0123456789abcdef", "created": 0.0})
     seed = _state("seed-0", None, -1, "", ())
     a = _state("s0000-g00-r000", "seed-0", 0, "1234", ("seed-0",))
-    b = _state("s0001-g00-r001", a["id"], 1, "12345678", ("seed-0", a["id"]))
+    b = _state("s0001-g00-r001", a.id, 1, "12345678", ("seed-0", a.id))
     archives = [[seed], [seed, a], [seed, a, b]]
     for i, records in enumerate(archives):
-        write_archive(layout.archive(i), records, total_expansions=2 * i)
+        save_archive(layout.archive(i), Archive(records, total_expansions=2 * i))
     for step, child in ((0, a), (1, b)):
         evals = [
-            {"group": 0, "index": 0, "child_id": f"s{step:04d}-g00-r000", "parent_id": child["parent_id"], "reward": 0.0,
-             "valid": False, "reason": "no candidate found in the answer", "code": "", "construction_json": "null",
-             "metrics_json": "{}", "logs": "", "seconds": 0.0},
-            {"group": 0, "index": 1, "child_id": child["id"], "parent_id": child["parent_id"], "reward": child["reward"],
-             "valid": True, "reason": "", "code": child["code"], "construction_json": json.dumps(child["construction"]),
-             "metrics_json": "{}", "logs": "", "seconds": 0.0},
+            Evaluation(group=0, index=0, child_id=f"s{step:04d}-g00-r000", parent_id=child.parent_id, reward=0.0,
+                       valid=False, reason="no candidate found in the answer", code=""),
+            Evaluation(group=0, index=1, child_id=child.id, parent_id=child.parent_id, reward=child.reward,
+                       valid=True, reason="", code=child.code, construction=child.construction),
         ]
-        write_rows(layout.evaluations(step), evals, EVALUATION_SCHEMA)
-        rollout = {"group": 0, "parent_id": child["parent_id"], "prompt_ids": [1], "completion_ids": [1, 2, 3],
-                   "sampler_logprobs": [0.0] * 3, "loss_mask": [1] * 3, "text": "", "answer": "", "forced": False, "finish_reason": "eos"}
-        write_rows(layout.rollouts(step), [dict(rollout, index=0), dict(rollout, index=1)], ROLLOUT_SCHEMA)
+        write_records(layout.evaluations(step), evals, Evaluation)
+        rollout = dict(group=0, parent_id=child.parent_id, prompt_ids=[1], completion_ids=[1, 2, 3],
+                       sampler_logprobs=[0.0] * 3, loss_mask=[1] * 3, text="", answer="", forced=False, finish_reason="eos")
+        write_records(layout.rollouts(step), [Rollout(**rollout, index=0), Rollout(**rollout, index=1)], Rollout)
         atomic_write_json(layout.train_stats(step), {"beta_mean": 2.5, "beta_min": 2.0, "beta_max": 3.0})
         for t in TASKS:
             record_task(layout.manifest, step, t, {"path": "x", "sha256": "y"}, 10.0, 10.5)
@@ -65,13 +65,13 @@ def run_dir(tmp_path: Path) -> Path:
 def test_step_rows_hold_best_mean_valid_beta_tokens_and_times(run_dir: Path) -> None:
     rows = step_rows(run_dir)
     assert [r["step"] for r in rows] == [0, 1]
-    assert rows[1]["best"] == pytest.approx(max(_state("b", "a", 1, "12345678", ()).get("reward"), rows[0]["best"]))
+    assert rows[1]["best"] == pytest.approx(max(_state("b", "a", 1, "12345678", ()).reward, rows[0]["best"]))
     assert rows[0]["valid"] == 0.5 and rows[0]["tokens"] == 6 and rows[0]["beta"] == 2.5
     assert all(rows[0][f"{t}_s"] == 0.5 for t in TASKS)
 
 
 def test_report_is_markdown_whose_pictures_exist(run_dir: Path) -> None:
-    from discover.cli import app
+    from cli.app import app
 
     result = CliRunner().invoke(app, ["report", str(run_dir)])
     assert result.exit_code == 0, result.output
@@ -85,7 +85,7 @@ def test_report_is_markdown_whose_pictures_exist(run_dir: Path) -> None:
 
 
 def test_report_of_a_folder_that_is_no_run_fails_clearly(tmp_path: Path) -> None:
-    from discover.cli import app
+    from cli.app import app
 
     result = CliRunner().invoke(app, ["report", str(tmp_path)])
     assert result.exit_code == 2 and "not a run directory" in result.output

@@ -1,4 +1,5 @@
-"""A run killed with SIGKILL inside each of the five tasks resumes to the same archive (DESIGN.md)."""
+"""A run killed with SIGKILL inside its initialisation and inside each of the five tasks resumes to
+the same archive (DESIGN.md). The kills come from tests/faults/sitecustomize.py."""
 
 from __future__ import annotations
 
@@ -12,13 +13,14 @@ from pathlib import Path
 import pytest
 import yaml
 
+from discover.run import load_archive
 from storage.manifest import TASKS, read_manifest
 from tests.conftest import tiny_toy_config
-from storage.tables import read_archive
 
 pytestmark = pytest.mark.slow
 
 STEPS = 3
+FAULTS = Path(__file__).parent / "faults"  # sitecustomize.py: the kill points
 
 
 def _config(run_dir: Path) -> dict:
@@ -29,9 +31,10 @@ def _discover(args: list[str], env: dict[str, str], crash: str | None = None) ->
     env = dict(env)
     if crash:
         env["DISCOVER_CRASH_AT"] = crash
+        env["PYTHONPATH"] = os.pathsep.join([str(FAULTS), *filter(None, [env.get("PYTHONPATH")])])
     # A new session: the crash hook kills the whole group (the temporary Prefect server included).
     proc = subprocess.run(
-        [sys.executable, "-m", "discover.cli", *args],
+        [sys.executable, "-m", "cli", *args],
         env=env,
         capture_output=True,
         text=True,
@@ -42,8 +45,8 @@ def _discover(args: list[str], env: dict[str, str], crash: str | None = None) ->
 
 
 def _final_archive(run_dir: Path) -> tuple[list[tuple], int]:
-    records, total = read_archive(run_dir / "archive" / f"{STEPS:04d}.parquet")
-    return [(r["id"], r["reward"], r["parent_id"], r["lineage"], r["visits"], r["best_child_reward"]) for r in records], total
+    archive = load_archive(run_dir / "archive" / f"{STEPS:04d}.parquet")
+    return [(s.id, s.reward, s.parent_id, s.lineage, s.visits, s.best_child_reward) for s in archive.states.values()], archive.total_expansions
 
 
 @pytest.fixture
@@ -69,12 +72,18 @@ def test_sigkill_inside_every_task_then_resume_gives_the_same_archive(tmp_path: 
     done = _discover(["run", str(tmp_path / "uninterrupted.yaml")], env)
     assert done.returncode == 0, done.stderr[-3000:]
 
-    # One kill inside each task, at its start or after its output is written but before it is
-    # recorded; each kill is followed by a resume that dies at the next crash point.
-    crashes = ["select_parents:0:start", "generate:0:end", "evaluate:1:start", "update_archive:1:end", "train:2:start"]
-    first = _discover(["run", str(tmp_path / "crashed.yaml")], env, crash=crashes[0])
+    # Kills inside the initialisation (config.yaml written; the seeds written; the initial adapter
+    # written but not yet renamed into place), then one inside each task, at its start or after its
+    # output is written but before it is recorded; each kill is followed by a resume that dies at
+    # the next crash point.
+    first = _discover(["run", str(tmp_path / "crashed.yaml")], env, crash="create_run:0:end")
     assert first.returncode == -signal.SIGKILL, first.stderr[-3000:]
-    for crash in crashes[1:]:
+    assert (crash_dir / "config.yaml").is_file() and not (crash_dir / "archive").exists()
+    crashes = [
+        "save_archive:0:end", "atomic_dir:0:end", "initialise:0:start",
+        "select_parents:0:start", "generate:0:end", "evaluate:1:start", "update_archive:1:end", "train:2:start",
+    ]
+    for crash in crashes:
         proc = _discover(["resume", str(crash_dir)], env, crash=crash)
         assert proc.returncode == -signal.SIGKILL, f"no crash at {crash}: {proc.stderr[-3000:]}"
     last = _discover(["resume", str(crash_dir)], env)
@@ -92,6 +101,6 @@ def test_sigkill_inside_every_task_then_resume_gives_the_same_archive(tmp_path: 
         b = (crash_dir / "checkpoints" / f"{step:04d}" / "adapter" / "adapter_model.safetensors").read_bytes()
         assert a == b, f"adapter of step {step} differs"
 
-    status = subprocess.run([sys.executable, "-m", "discover.cli", "status", str(crash_dir)], env=env, capture_output=True, text=True)
+    status = subprocess.run([sys.executable, "-m", "cli", "status", str(crash_dir)], env=env, capture_output=True, text=True)
     assert status.returncode == 0, status.stderr
     assert f"{STEPS}/{STEPS} steps" in status.stdout

@@ -22,7 +22,7 @@ def test_a_two_step_run_leaves_a_run_directory_users_can_query(tmp_path: Path, t
     config = tiny_toy_config(run_dir)
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
     env = dict(os.environ, PREFECT_HOME=str(tmp_path / "prefect"), DISCOVER_CACHE=str(tiny_model_cache))
-    cli = [sys.executable, "-m", "discover.cli"]
+    cli = [sys.executable, "-m", "cli"]
     proc = subprocess.run([*cli, "run", str(tmp_path / "c.yaml")], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     # progress is shown while it works

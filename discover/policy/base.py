@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+import pyarrow as pa
+
 
 @dataclass
 class Completion:
@@ -17,10 +19,10 @@ class Completion:
     `sampler_logprobs[i]` is the sampler's log-probability of token i (0.0 for forced tokens).
     """
 
-    prompt_ids: list[int]
-    completion_ids: list[int]
-    sampler_logprobs: list[float]
-    loss_mask: list[int]
+    prompt_ids: list[int] = field(metadata={"arrow": pa.list_(pa.int32())})
+    completion_ids: list[int] = field(metadata={"arrow": pa.list_(pa.int32())})
+    sampler_logprobs: list[float] = field(metadata={"arrow": pa.list_(pa.float32())})
+    loss_mask: list[int] = field(metadata={"arrow": pa.list_(pa.int8())})
     text: str  # the whole completion decoded: thinking, forced phrase, answer
     answer: str  # the final answer part only (what the candidate is parsed from)
     forced: bool = False  # True when the thinking budget ran out and the phrase was appended

@@ -1,0 +1,1 @@
+"""Entry points: the `discover` command (typer) over discover/, evaluators/ and flows/."""

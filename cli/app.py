@@ -1,0 +1,128 @@
+"""The `discover` command: run, resume, status, report, config-doc; the problem commands
+(evaluate, verify, plot) live in cli/problems.py and the server operations (setup, crashed) in
+cli/operations.py. An entry point over discover/ and flows/, not part of the learning core."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Test-time training to discover, on your own machines.")
+
+SANDBOXES = ("auto", "process", "docker")
+
+
+def _setup_logging(verbose: bool) -> None:
+    # Prefect's own INFO lines (one per task run) drown the progress lines; show them with -v.
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO" if verbose else "WARNING")
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", datefmt="%H:%M:%S"))
+    log = logging.getLogger("discover")
+    log.handlers[:] = [handler]
+    log.setLevel(logging.INFO)
+    log.propagate = False
+
+
+def fail(message: str, code: int = 2) -> None:
+    typer.secho(f"error: {message}", err=True, fg=typer.colors.RED)
+    raise typer.Exit(code)
+
+
+@app.command()
+def run(
+    config: Path = typer.Argument(..., help="YAML run configuration"),
+    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="override the configuration's run_dir"),
+    verbose: bool = typer.Option(False, "-v", "--verbose", help="show Prefect's own log lines"),
+) -> None:
+    """Start a discovery run (resumes it if RUN_DIR already holds the same configuration)."""
+    from discover.config import ConfigError, dump_config, load_config
+
+    _setup_logging(verbose)
+    from discover.preflight import PreflightError, preflight
+
+    try:
+        cfg = load_config(config, {"run_dir": str(run_dir)} if run_dir else None)
+        if not (cfg.run_dir / "config.yaml").is_file():
+            preflight(cfg)  # before Prefect starts and before anything is written
+    except (ConfigError, PreflightError) as err:
+        fail(str(err))
+    _run_flow(str(cfg.run_dir), dump_config(cfg))
+
+
+@app.command()
+def resume(
+    run_dir: Path = typer.Argument(..., help="a run directory written by `discover run`"),
+    verbose: bool = typer.Option(False, "-v", "--verbose", help="show Prefect's own log lines"),
+) -> None:
+    """Resume a run from its first unfinished step and task."""
+    _setup_logging(verbose)
+    if not (run_dir / "config.yaml").is_file():
+        fail(f"{run_dir} is not a run directory (no config.yaml); start one with `discover run CONFIG`")
+    _run_flow(str(run_dir), None)
+
+
+def _run_flow(run_dir: str, config_yaml: str | None) -> None:
+    from discover.run import RunDirError
+    from flows.run_flow import discovery_run
+
+    try:
+        result = discovery_run(run_dir=run_dir, config_yaml=config_yaml)
+    except (RunDirError, ValueError) as err:  # a run directory or problem option that cannot work
+        fail(str(err))
+    typer.echo(f"best state {result['best_state']}: reward {result['best_reward']:.6f}  (run directory: {run_dir})")
+    typer.echo(f"summary: discover status {run_dir}")
+
+
+@app.command()
+def status(run_dir: Path = typer.Argument(..., help="a run directory")) -> None:
+    """A table per step: best and mean reward, valid fraction, beta, time per task."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from discover.status import step_summaries
+
+    try:
+        rows, config = step_summaries(run_dir)
+    except FileNotFoundError as err:
+        fail(str(err))
+    typer.echo(f"{run_dir}: problem {config.problem}, {len(rows)}/{config.steps} steps started")
+    table = Table()
+    for col in ("step", "best", "mean", "valid", "beta (min–max)", "select", "generate", "evaluate", "archive", "train"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(*r)
+    Console(width=None if sys.stdout.isatty() else 160).print(table)
+
+
+@app.command()
+def report(
+    run_dir: Path = typer.Argument(..., help="a run directory"),
+    out: Optional[Path] = typer.Option(None, "--out", help="folder for report.md and its pictures (default RUN_DIR/report)"),
+) -> None:
+    """Write the run's report: Markdown with the reward distribution by step, the step table, the best states."""
+    from discover.report import write_report
+
+    try:
+        path = write_report(run_dir, out)
+    except FileNotFoundError as err:
+        fail(str(err))
+    typer.echo(str(path))
+
+
+@app.command("config-doc")
+def config_doc() -> None:
+    """Print the configuration reference (docs/configuration.md) generated from the code."""
+    from discover.config import reference_markdown
+
+    typer.echo(reference_markdown(), nl=False)
+
+
+from cli import operations, problems  # noqa: E402,F401  (they register their commands on `app`)
