@@ -41,7 +41,6 @@ import atexit
 import base64
 import json
 import math
-import os
 import secrets
 import socket
 import struct
@@ -62,9 +61,18 @@ from evaluators.sandbox.process import (
     _thread_env,
 )
 
-REPOSITORY = "discover"
-LABEL = "discover.sandbox"  # every container this backend starts carries it
-OWNER_LABEL = "discover.sandbox.owner"  # "<hostname>:<pid>:<process start time>"
+from evaluators.sandbox.docker_engine import (  # noqa: F401  (re-exported: tests and callers use them here)
+    LABEL,
+    OWNER_LABEL,
+    REPOSITORY,
+    _client,
+    _owner,
+    engine_answers,
+    image_exists,
+    image_ref,
+    reap_orphans,
+    sandbox_containers,
+)
 KEEPER_UID, RUN_UID = 10000, 10001
 DATA_MOUNT = "/data"  # where a run's read-only data directory is bind-mounted
 TMPFS_MB = 256  # /tmp, charged to the container's memory limit
@@ -74,189 +82,7 @@ BACKSTOP_S = 15.0  # the host kills the container this long after the timeout
 START_TIMEOUT_S = 60.0
 
 
-def image_ref(name: str) -> str:
-    """discover/<name>:latest for a bare image name; a full reference is kept as it is."""
-    return name if ("/" in name or ":" in name) else f"{REPOSITORY}/{name}:latest"
-
-
-def _client(timeout: float = 30.0):
-    import docker
-
-    return docker.from_env(timeout=timeout)
-
-
-def engine_answers() -> bool:
-    """True when a Docker engine answers a ping."""
-    try:
-        _client(timeout=5.0).ping()
-        return True
-    except Exception:
-        return False
-
-
-def image_exists(name: str) -> bool:
-    try:
-        import docker
-
-        _client(timeout=10.0).images.get(image_ref(name))
-        return True
-    except (docker.errors.ImageNotFound, docker.errors.DockerException):
-        return False
-    except Exception:
-        return False
-
-
-def _process_start_time(pid: int) -> str:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat[stat.rindex(")") + 2 :].split()[19]
-    except (OSError, IndexError):
-        return "?"
-
-
-def _owner() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{_process_start_time(os.getpid())}"
-
-
-def reap_orphans(client=None) -> int:
-    """Remove sandbox containers whose owning process (on this host) is gone. Returns how many."""
-    client = client or _client()
-    host = socket.gethostname()
-    removed = 0
-    for c in client.containers.list(all=True, filters={"label": LABEL}):
-        owner = c.labels.get(OWNER_LABEL, "")
-        parts = owner.split(":")
-        if len(parts) != 3 or parts[0] != host:
-            continue
-        pid = int(parts[1]) if parts[1].isdigit() else -1
-        if pid > 0 and _process_start_time(pid) == parts[2]:
-            continue  # its owner is alive
-        try:
-            c.remove(force=True)
-            removed += 1
-        except Exception:
-            pass
-    return removed
-
-
-def sandbox_containers(client=None) -> list:
-    """Every container of this backend on the engine, whoever owns it."""
-    client = client or _client()
-    return client.containers.list(all=True, filters={"label": LABEL})
-
-
-# The runner, run as `python3 -I -c RUNNER` by RUN_UID in the container. Standard library only.
-RUNNER = r'''
-import base64, json, os, resource, shutil, signal, stat, subprocess, sys, time
-def tail(path, cap):
-    try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            f.seek(max(0, size - cap))
-            return f.read(cap), size > cap
-    except OSError:
-        return b"", False
-def others():
-    me, uid, found = os.getpid(), os.getuid(), []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == me:
-            continue
-        try:
-            with open("/proc/%s/status" % name) as f:
-                text = f.read()
-        except OSError:
-            continue
-        state = text.split("State:", 1)[1].split()[0]
-        if state != "Z" and int(text.split("Uid:", 1)[1].split()[0]) == uid:
-            found.append(name)
-    return found
-def killall():
-    for _ in range(500):
-        try:
-            os.kill(-1, signal.SIGKILL)  # every process of our uid but ourselves
-        except ProcessLookupError:
-            pass
-        if not others():
-            return True
-        time.sleep(0.002)
-    return False
-def wipe(top):
-    def retry(func, p, exc):
-        try:
-            os.chmod(os.path.dirname(p), 0o700)
-            func(p)
-        except OSError:
-            pass
-    try:
-        names = os.listdir(top)
-    except OSError:
-        return
-    for name in names:
-        p = os.path.join(top, name)
-        try:
-            if os.path.isdir(p) and not os.path.islink(p):
-                os.chmod(p, 0o700)
-                shutil.rmtree(p, onerror=retry)
-            else:
-                os.unlink(p)
-        except OSError:
-            pass
-def oom_first():
-    try:
-        with open("/proc/self/oom_score_adj", "w") as f:
-            f.write("1000")
-    except OSError:
-        pass
-n = int(sys.stdin.buffer.readline())
-job = json.loads(sys.stdin.buffer.read(n))
-cap = job["cap"]
-killall()
-wipe("/tmp"); wipe("/dev/shm")
-d = "/tmp/run-" + job["token"]
-os.mkdir(d, 0o700)
-for name, text in job["files"].items():
-    with open(os.path.join(d, name), "w", encoding="utf-8") as f:
-        f.write(text)
-out, err = open(os.path.join(d, "stdout.txt"), "wb"), open(os.path.join(d, "stderr.txt"), "wb")
-start = time.monotonic()
-proc = subprocess.Popen(["python3", "-s", "-B", "-P", "harness.py", "job.json"], cwd=d, env=job["env"],
-    stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True, close_fds=True, preexec_fn=oom_first)
-out.close(); err.close()
-timed_out = False
-try:
-    rc = proc.wait(timeout=job["timeout"])
-except subprocess.TimeoutExpired:
-    timed_out = True
-clean = killall()
-if timed_out:
-    rc = proc.wait()
-out_b, out_cut = tail(os.path.join(d, "stdout.txt"), cap)
-err_b, err_cut = tail(os.path.join(d, "stderr.txt"), cap)
-output, output_error = None, ""
-if rc == 0 and not timed_out:
-    try:
-        fd = os.open(os.path.join(d, "output.json"), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        with os.fdopen(fd, "rb") as f:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                output_error = "output.json is not a regular file"
-            elif st.st_size > cap:
-                output_error = "return value too large: %d bytes > max_output_bytes=%d" % (st.st_size, cap)
-            else:
-                output = base64.b64encode(f.read(cap + 1)).decode()
-    except FileNotFoundError:
-        output_error = "program exited without returning a value (no output.json)"
-    except OSError as e:
-        output_error = "output.json is a symbolic link" if e.errno == 40 else "could not read the return value: %s" % e
-clean = killall() and clean
-wipe("/tmp"); wipe("/dev/shm")
-report = {"rc": rc, "timed_out": timed_out, "elapsed": time.monotonic() - start, "clean": clean,
-    "output": output, "output_error": output_error,
-    "stdout": base64.b64encode(out_b).decode(), "stdout_cut": out_cut,
-    "stderr": base64.b64encode(err_b).decode(), "stderr_cut": err_cut}
-sys.stdout.write("\n" + job["token"] + " " + json.dumps(report) + "\n")
-sys.stdout.flush()
-'''
+RUNNER = Path(__file__).with_name("docker_runner.py").read_text(encoding="utf-8")  # see its docstring
 
 
 @dataclass

@@ -1,0 +1,83 @@
+"""The Docker engine around the sandbox's containers: references, pings, and reaping containers
+whose owner died (every container carries LABEL and OWNER_LABEL)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+REPOSITORY = "discover"
+LABEL = "discover.sandbox"  # every container this backend starts carries it
+OWNER_LABEL = "discover.sandbox.owner"  # "<hostname>:<pid>:<process start time>"
+
+
+def image_ref(name: str) -> str:
+    """discover/<name>:latest for a bare image name; a full reference is kept as it is."""
+    return name if ("/" in name or ":" in name) else f"{REPOSITORY}/{name}:latest"
+
+
+def _client(timeout: float = 30.0):
+    import docker
+
+    return docker.from_env(timeout=timeout)
+
+
+def engine_answers() -> bool:
+    """True when a Docker engine answers a ping."""
+    try:
+        _client(timeout=5.0).ping()
+        return True
+    except Exception:
+        return False
+
+
+def image_exists(name: str) -> bool:
+    try:
+        import docker
+
+        _client(timeout=10.0).images.get(image_ref(name))
+        return True
+    except (docker.errors.ImageNotFound, docker.errors.DockerException):
+        return False
+    except Exception:
+        return False
+
+
+def _process_start_time(pid: int) -> str:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat[stat.rindex(")") + 2 :].split()[19]
+    except (OSError, IndexError):
+        return "?"
+
+
+def _owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{_process_start_time(os.getpid())}"
+
+
+def reap_orphans(client=None) -> int:
+    """Remove sandbox containers whose owning process (on this host) is gone. Returns how many."""
+    client = client or _client()
+    host = socket.gethostname()
+    removed = 0
+    for c in client.containers.list(all=True, filters={"label": LABEL}):
+        owner = c.labels.get(OWNER_LABEL, "")
+        parts = owner.split(":")
+        if len(parts) != 3 or parts[0] != host:
+            continue
+        pid = int(parts[1]) if parts[1].isdigit() else -1
+        if pid > 0 and _process_start_time(pid) == parts[2]:
+            continue  # its owner is alive
+        try:
+            c.remove(force=True)
+            removed += 1
+        except Exception:
+            pass
+    return removed
+
+
+def sandbox_containers(client=None) -> list:
+    """Every container of this backend on the engine, whoever owns it."""
+    client = client or _client()
+    return client.containers.list(all=True, filters={"label": LABEL})
