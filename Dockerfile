@@ -9,6 +9,7 @@ WORKDIR /opt/ttt-discover
 RUN python3 -m pip install --no-cache-dir uv==0.13.9
 COPY pyproject.toml uv.lock README.md ./
 RUN uv sync --frozen --no-install-project
+COPY cli ./cli
 COPY discover ./discover
 COPY evaluators ./evaluators
 COPY storage ./storage
