@@ -12,6 +12,12 @@ argument BASE) and offline-packages.txt (the Debian packages its offline base ne
   discover/offline-base:<hash>;
 - auto (default): public when the registry answers, else offline.
 
+An image whose folder has a requirements.txt (fully pinned) gets its Python wheels downloaded on
+the host, whose pip reaches the package index through whatever proxy and certificates the host
+has, into .cache/images/wheels/<name>; the build context is then a copy of the folder with those
+wheels in wheels/, and the Dockerfile installs them without an index (containers here cannot
+verify the proxy's certificate, and an offline machine may have the wheels cached already).
+
 Each image is tagged discover/<name>:latest and labelled with a content hash of its folder and
 its base image's id; an image whose hash has not changed is not rebuilt.
 Needs a Docker engine (and root plus debootstrap for an offline base; installed with apt-get
@@ -38,6 +44,11 @@ HASH_LABEL = "discover.content-hash"
 SUITE = "bookworm"
 MIRROR = os.environ.get("DISCOVER_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 DEFAULT_IMAGES = ("python-math", "cpp20", "bio")  # gpu: only when named (needs a registry and a GPU)
+WHEEL_PYTHON = "3.11"  # the Python of both bases: python:3.11-slim and Debian bookworm's python3
+# Every manylinux tag up to bookworm's glibc 2.36 (pip does not widen a --platform it is given).
+WHEEL_PLATFORMS = [f"manylinux_2_{minor}_x86_64" for minor in range(36, 4, -1)] + [
+    "manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64",
+]
 OFFLINE_ENV = ("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8")
 
 
@@ -152,6 +163,52 @@ def content_hash(name: str, base_id: str) -> str:
     return h.hexdigest()
 
 
+def _pip() -> list[str]:
+    """A pip that can download: the project's tools environment (Makefile), else python3's."""
+    tools_pip = ROOT / ".cache" / "tools" / "bin" / "pip"
+    if tools_pip.is_file():
+        return [str(tools_pip)]
+    python = shutil.which("python3") or sys.executable
+    return [python, "-m", "pip"]
+
+
+def download_wheels(name: str) -> Path:
+    """The wheels of images/<name>/requirements.txt for the images' Python, in the cache."""
+    requirements = IMAGES_DIR / name / "requirements.txt"
+    dest = CACHE / "wheels" / name
+    dest.mkdir(parents=True, exist_ok=True)
+    _log(f"downloading the wheels of {requirements.relative_to(ROOT)} into {dest.relative_to(ROOT)}")
+    start = time.monotonic()
+    cmd = [
+        *_pip(), "download", "--quiet", "--disable-pip-version-check", "--no-deps", "--only-binary=:all:",
+        "--python-version", WHEEL_PYTHON, *(arg for p in WHEEL_PLATFORMS for arg in ("--platform", p)),
+        "-r", str(requirements), "-d", str(dest),
+    ]
+    done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if done.returncode != 0:
+        sys.stdout.write(done.stdout[-4000:])
+        raise SystemExit(f"downloading the wheels of {name} failed (exit {done.returncode}); pip needs the package index")
+    _log(f"wheels ready in {time.monotonic() - start:.0f} s ({sum(1 for _ in dest.glob('*.whl'))} files)")
+    return dest
+
+
+def _build_context(name: str, tmp: Path) -> Path:
+    """The folder itself, or, with a requirements.txt, a copy of it with the wheels in wheels/."""
+    folder = IMAGES_DIR / name
+    if not (folder / "requirements.txt").is_file():
+        return folder
+    wheels = download_wheels(name)
+    context = tmp / name
+    shutil.copytree(folder, context)
+    (context / "wheels").mkdir(exist_ok=True)
+    for wheel in wheels.glob("*.whl"):
+        try:
+            os.link(wheel, context / "wheels" / wheel.name)
+        except OSError:
+            shutil.copy2(wheel, context / "wheels" / wheel.name)
+    return context
+
+
 def build(client, name: str, base_mode: str, force: bool = False) -> str:
     folder = IMAGES_DIR / name
     if not (folder / "Dockerfile").is_file():
@@ -174,15 +231,17 @@ def build(client, name: str, base_mode: str, force: bool = False) -> str:
     start = time.monotonic()
     import docker
 
-    try:
-        _, logs = client.images.build(
-            path=str(folder), tag=tag, buildargs={"BASE": base}, pull=False, rm=True, forcerm=True,
-            labels={HASH_LABEL: digest, "discover.image": name, "discover.base": base},
-        )
-    except docker.errors.BuildError as e:
-        for chunk in e.build_log:
-            sys.stdout.write(chunk.get("stream", "") or chunk.get("error", ""))
-        raise SystemExit(f"building {tag} failed: {e.msg}")
+    with tempfile.TemporaryDirectory(prefix="discover-image-") as tmp:
+        context = _build_context(name, Path(tmp))
+        try:
+            _, logs = client.images.build(
+                path=str(context), tag=tag, buildargs={"BASE": base}, pull=False, rm=True, forcerm=True,
+                labels={HASH_LABEL: digest, "discover.image": name, "discover.base": base},
+            )
+        except docker.errors.BuildError as e:
+            for chunk in e.build_log:
+                sys.stdout.write(chunk.get("stream", "") or chunk.get("error", ""))
+            raise SystemExit(f"building {tag} failed: {e.msg}")
     for chunk in logs:
         line = chunk.get("stream", "").rstrip("\n")
         if line.strip() and not line.startswith((" ---> ", "Removing intermediate")):
