@@ -51,7 +51,6 @@ DRIVER_ENTRY = "denoise"  # driver.py's function the sandbox calls
 DRIVER = Path(__file__).with_name("driver.py").read_text(encoding="utf-8")
 PROGRAMS = Path(__file__).with_name("programs")  # the MAGIC seed and the ALRA baseline, as candidates
 TRAIN_FILE = "train.npy"
-PUBLISHED_SCORES = {"MAGIC (A, R)": 0.64, "ALRA (S, RN)": 0.50, "TTT-Discover": 0.71}  # Table 7, PBMC 1k
 _process_warned = False
 
 
@@ -193,6 +192,12 @@ class DenoisingProblem(BaseProblem):
     def archive_key(self, code: str, construction: Any) -> str:
         """States are programs: equal up to comments and whitespace (SPEC §5a), whatever their metrics."""
         return hashlib.sha256(("code:" + normalize_code(code)).encode()).hexdigest()
+
+    def report_section(self, states: list[dict[str, Any]]) -> list[str]:
+        """The best program's MSE, Poisson and score against the baselines (report.py)."""
+        from evaluators.bio.denoising.report import report_lines
+
+        return report_lines(self, states)
 
     def _run_limits(self, split: Split) -> SandboxLimits:
         """The limits, with room for the returned matrix: its .npy bytes in base64, any 8-byte dtype."""
