@@ -7,8 +7,9 @@ It reads the train counts from the read-only data directory ($DISCOVER_DATA), ru
 bytes of an .npy file (base64 in JSON). The host decodes them without pickle and scores them; the
 held-out counts are never in this process, so nothing here is trusted.
 
-Exit codes follow harness.py: 1 the candidate raised (its traceback, without this file's frames,
-on stderr), 3 no `magic_denoise`, 4 a return value that is not a numeric array.
+Exit codes follow harness.py: 1 the candidate raised (its traceback on stderr, without this
+file's frames, its own lines under the name magic_denoise.py), 3 no `magic_denoise`, 4 a return
+value that is not a numeric array.
 
 torch is hidden from imports: it is not among the libraries candidates may use, and on a host
 whose environment has it (the process backend runs the host's interpreter), merely importing it
