@@ -3,7 +3,6 @@ the reward the sandbox gave it, and the report shows the best program against th
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -44,7 +43,7 @@ def long_context_tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def test_two_steps_keep_the_magic_seed_with_its_reward(tmp_path: Path, long_context_tiny_model: Path) -> None:
+def test_two_steps_keep_the_magic_seed_with_its_reward(tmp_path: Path, long_context_tiny_model: Path, cli_env: dict[str, str]) -> None:
     run_dir = tmp_path / "denoising"
     config = {
         "problem": "denoising",
@@ -58,15 +57,7 @@ def test_two_steps_keep_the_magic_seed_with_its_reward(tmp_path: Path, long_cont
     }
     path = tmp_path / "denoising.yaml"
     path.write_text(yaml.safe_dump(config))
-    env = dict(
-        os.environ,
-        PREFECT_HOME=str(tmp_path / "prefect"),
-        DISCOVER_CACHE=str(tmp_path / "cache"),
-        PREFECT_LOGGING_LEVEL="WARNING",
-        PREFECT_SERVER_ANALYTICS_ENABLED="false",
-        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="600",  # a busy machine starts the server slowly
-    )
-    proc = subprocess.run([sys.executable, "-c", _RUN, str(path)], env=env, capture_output=True, text=True, timeout=1200)
+    proc = subprocess.run([sys.executable, "-c", _RUN, str(path)], env=cli_env, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
     first, _ = archive_records(run_dir / "archive" / "0000.parquet")

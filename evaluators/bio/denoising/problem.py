@@ -89,7 +89,7 @@ class _Dataset:
     def _prepare(self) -> Prepared:
         counts = load_counts(self.data, self.layer, self.keep_obs)
         split = split_molecules(counts.X, self.seed)
-        data_dir = Path(tempfile.mkdtemp(prefix="discover-denoising-"))
+        data_dir = Path(tempfile.mkdtemp(prefix="discover-denoising-", dir=_shared_temp_dir()))
         weakref.finalize(self, shutil.rmtree, data_dir, True)
         train = data_dir / TRAIN_FILE
         np.save(train, split.train, allow_pickle=False)
@@ -97,6 +97,18 @@ class _Dataset:
         os.chmod(train, 0o644)
         os.chmod(data_dir, 0o755)
         return Prepared(split=split, baselines=Baselines.of(split), data_dir=data_dir, source=counts.source)
+
+
+def _shared_temp_dir() -> str:
+    """A temporary directory every user can reach: the process backend runs candidates as another uid."""
+    for candidate in (tempfile.gettempdir(), "/tmp"):
+        path = Path(candidate).resolve()
+        if path.is_dir() and all(os.stat(p).st_mode & 0o001 for p in (path, *path.parents)):
+            return str(path)
+    raise ValueError(
+        f"no temporary directory that every user can traverse ({tempfile.gettempdir()} is private): "
+        "set TMPDIR to one, so that the sandbox can read the train counts"
+    )
 
 
 class DenoisingProblem(BaseProblem):
