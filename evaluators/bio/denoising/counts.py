@@ -56,9 +56,8 @@ def load_counts(data: str = OFFLINE_DEFAULT, layer: str = "X", keep_obs: dict[st
     Raises ValueError naming the problem and the fix: a missing file, an unknown layer or obs
     column, a cell selection that keeps nothing, counts that are not non-negative integers.
     """
+    check_source(data, layer, keep_obs)
     if data == OFFLINE_DEFAULT:
-        if layer != "X" or keep_obs:
-            raise ValueError(f"layer and keep_obs apply to .h5ad files, not to the offline default {OFFLINE_DEFAULT!r}")
         X, deviation = pbmc68k_counts()
         if deviation > RECOVERY_TOLERANCE:
             raise ValueError(
@@ -97,7 +96,6 @@ def filter_counts(X: np.ndarray) -> np.ndarray:
 def _read_h5ad_counts(path: Path, layer: str, keep_obs: dict[str, list[Any]] | None) -> np.ndarray:
     import anndata
 
-    check_source(str(path), layer, keep_obs)
     adata = anndata.read_h5ad(path)
     if keep_obs:
         mask = np.ones(adata.n_obs, dtype=bool)

@@ -141,7 +141,7 @@ class DenoisingProblem(BaseProblem):
             "scanpy's pbmc68k_reduced (700 blood cells x 765 genes)" if self.data == OFFLINE_DEFAULT
             else f"the dataset {Path(self.data).name}"
         )
-        return describe(dataset, self.limits)
+        return describe(dataset, self.limits, self.split_seed)
 
     def prepared(self) -> Prepared:
         """The split, its baselines and the data directory (loaded on first use)."""

@@ -6,7 +6,7 @@ from evaluators.bio.denoising.metrics import POISSON_ACCEPTED
 from evaluators.sandbox.base import SandboxLimits
 
 
-def describe(dataset: str, limits: SandboxLimits) -> str:
+def describe(dataset: str, limits: SandboxLimits, random_state: int) -> str:
     low, high = POISSON_ACCEPTED
     return f"""\
 Single-cell RNA-seq denoising (OpenProblems' denoising task, molecular cross-validation).
@@ -15,9 +15,10 @@ A single-cell experiment counts the mRNA molecules (UMIs) of each gene in each c
 captures only a small fraction of them, so the counts are a noisy, sparse picture of each
 cell's true expression. Denoising estimates the true expression from the counts.
 
-How you are scored. The observed molecules of {dataset} were split at random into a train
-part (each molecule kept with probability 0.9) and a held-out test part (the rest). Your
-function sees only the train counts X; its output D is compared with the held-out counts T:
+The data: {dataset}.
+Its observed molecules were split at random into a train part (each molecule kept with
+probability 0.9) and a held-out test part (the rest). Your function sees only the train
+counts X; its output D is compared with the held-out counts T:
 - MSE: scale every row of T and of D to sum 10000, take log1p, average the squared
   differences over all entries (a row that sums to 0 stays 0). Lower is better.
 - Poisson: D' = D * sum(T) / sum(X), then mean(T - D' * log(T + 1e-6)) over all entries
@@ -41,7 +42,7 @@ Your answer must contain one fenced ```python code block defining
         ...
         return denoised  # numpy array, same shape as X, non-negative
 X is a float64 numpy array of train counts, cells x genes; it is called as
-magic_denoise(X, random_state=42). Only the last ```python block of your answer is used; put
+magic_denoise(X, random_state={random_state}). Only the last ```python block of your answer is used; put
 every helper at the top level of that block. Available: numpy, scipy, scikit-learn, scanpy,
 graphtools, scprep and magic (magic-impute); there is no network and no file to read.
 Limits: {limits.timeout_s:g} s wall clock, {limits.memory_mb} MB of memory, {limits.cpus} CPU thread(s);
