@@ -53,7 +53,6 @@ from typing import Any
 
 from evaluators.sandbox.base import DATA_ENV, SandboxLimits, SandboxResult
 from evaluators.sandbox.process import (
-    FILE_SIZE_LIMIT_MB,
     HARNESS,
     _compose_logs,
     _failure_reason,
@@ -169,7 +168,7 @@ class DockerSandbox:
             "entry": entry,
             "memory_mb": int(limits.memory_mb),
             "cpu_s": math.ceil(limits.timeout_s * max(1, limits.cpus)) + 5,
-            "fsize_mb": min(FILE_SIZE_LIMIT_MB, TMPFS_MB // 2),
+            "fsize_mb": int(limits.max_file_mb),  # the tmpfs is sized to hold it (_tmpfs_mb)
             # pids_limit bounds the container; RLIMIT_NPROC (per uid, engine-wide) only as a
             # second line, generous because every container's candidate shares RUN_UID.
             "nproc": 4096,
@@ -298,7 +297,7 @@ class DockerSandbox:
     # -- the pool -------------------------------------------------------------------------------
 
     def _key(self, limits: SandboxLimits, data_dir: Path | None) -> tuple:
-        return (int(limits.memory_mb), int(limits.cpus), int(limits.max_processes), str(data_dir or ""))
+        return (int(limits.memory_mb), int(limits.cpus), int(limits.max_processes), str(data_dir or ""), _tmpfs_mb(limits))
 
     def _acquire(self, limits: SandboxLimits, data_dir: Path | None = None) -> _Container:
         key = self._key(limits, data_dir)
@@ -328,9 +327,9 @@ class DockerSandbox:
     def _create(self, key: tuple) -> _Container:
         import docker
 
-        memory_mb, cpus, max_processes, data_dir = key
-        mem = f"{memory_mb + TMPFS_MB + HEADROOM_MB}m"
-        tmp_opts = "rw,nosuid,nodev,mode=1777,size=%dm" % TMPFS_MB + (",exec" if self.exec_tmp else ",noexec")
+        memory_mb, cpus, max_processes, data_dir, tmpfs_mb = key
+        mem = f"{memory_mb + tmpfs_mb + HEADROOM_MB}m"
+        tmp_opts = "rw,nosuid,nodev,mode=1777,size=%dm" % tmpfs_mb + (",exec" if self.exec_tmp else ",noexec")
         device_requests = [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])] if self.gpu else None
         host_config = self._api.create_host_config(
             init=True,
@@ -389,6 +388,11 @@ class DockerSandbox:
             self._api.remove_container(c.id, force=True)
         except Exception:
             pass  # already gone (auto_remove)
+
+
+def _tmpfs_mb(limits: SandboxLimits) -> int:
+    """/tmp's size: TMPFS_MB, or room for two files of the largest size the candidate may write."""
+    return max(TMPFS_MB, 2 * int(limits.max_file_mb) + 64)
 
 
 def _recv_exact(sock, n: int, deadline: float) -> bytes | None:

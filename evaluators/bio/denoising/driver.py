@@ -4,8 +4,10 @@ The sandbox's harness loads this file as the program and calls `denoise(job)` wi
 job = {"candidate": source, "entry": "magic_denoise", "random_state": int, "train": "train.npy"}.
 It reads the train counts from the read-only data directory ($DISCOVER_DATA), runs the candidate's
 `magic_denoise(X, random_state=...)` as the released code calls it, and returns the output as the
-bytes of an .npy file (base64 in JSON). The host decodes them without pickle and scores them; the
-held-out counts are never in this process, so nothing here is trusted.
+bytes of an .npy file, base64 in JSON ({"npy": ...}). It writes that output.json itself, streaming
+the array, and exits 0 as the harness does after writing it: the matrix of a large dataset is not
+copied three times inside the candidate's memory limit. The host decodes it without pickle and
+scores it; the held-out counts are never in this process, so nothing here is trusted.
 
 Exit codes follow harness.py: 1 the candidate raised (its traceback on stderr, without this
 file's frames, its own lines under the name magic_denoise.py), 3 no `magic_denoise`, 4 a return
@@ -18,7 +20,6 @@ whose environment has it (the process backend runs the host's interpreter), mere
 
 import base64
 import importlib.machinery
-import io
 import linecache
 import os
 import sys
@@ -58,7 +59,25 @@ def _candidate_traceback(err):
     return "".join(traceback.format_exception(type(err), err, tb))
 
 
-def _as_npy(value):
+class _Base64Writer:
+    """A binary file-like object that writes what it gets, base64-encoded, to a text file."""
+
+    def __init__(self, out):
+        self.out, self.rest = out, b""
+
+    def write(self, data):
+        data = self.rest + bytes(data)
+        cut = len(data) - len(data) % 3  # base64 encodes whole groups of 3 bytes
+        self.out.write(base64.b64encode(data[:cut]).decode("ascii"))
+        self.rest = data[cut:]
+        return len(data)
+
+    def close(self):
+        self.out.write(base64.b64encode(self.rest).decode("ascii"))
+
+
+def _write_output(value):
+    """output.json = {"npy": base64 of the .npy bytes of `value`}, then exit 0 (harness.py's protocol)."""
     import numpy as np
 
     if hasattr(value, "toarray"):  # a scipy sparse matrix
@@ -69,9 +88,16 @@ def _as_npy(value):
         _fail(EXIT_BAD_VALUE, f"magic_denoise returned a {type(value).__name__} that is not an array: {err}")
     if array.dtype.kind not in "biuf":
         _fail(EXIT_BAD_VALUE, f"magic_denoise returned a {type(value).__name__} of dtype {array.dtype}, not real numbers")
-    buffer = io.BytesIO()
-    np.save(buffer, np.ascontiguousarray(array), allow_pickle=False)
-    return base64.b64encode(buffer.getvalue()).decode("ascii")
+    with open("output.json.part", "w", encoding="ascii") as out:
+        out.write('{"npy": "')
+        encoder = _Base64Writer(out)
+        np.lib.format.write_array(encoder, array, allow_pickle=False)
+        encoder.close()
+        out.write('"}')
+    os.replace("output.json.part", "output.json")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def denoise(job):
@@ -95,4 +121,4 @@ def denoise(job):
         value = fn(X, random_state=job["random_state"])
     except BaseException as err:  # SystemExit too: the candidate never returned a value
         _fail(EXIT_RAISED, _candidate_traceback(err))
-    return {"npy": _as_npy(value)}
+    _write_output(value)

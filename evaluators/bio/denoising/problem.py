@@ -6,7 +6,8 @@ One evaluation:
    baselines of the split computed, and the train half alone written as `train.npy` into a fresh
    world-readable directory: the sandbox's read-only data directory;
 2. the sandbox runs driver.py, which loads `train.npy`, calls the candidate's
-   `magic_denoise(X, random_state=split_seed)` and returns the output as .npy bytes;
+   `magic_denoise(X, random_state=split_seed)` and returns the output as .npy bytes (the limits
+   on the returned value and on file sizes grow to fit the matrix);
 3. here, outside the candidate's process: the bytes are decoded without pickle, checked, scored
    (metrics.py), accepted if the normalised Poisson is in [0.97, 1], and rewarded 1 / MSE.
 
@@ -212,9 +213,14 @@ class DenoisingProblem(BaseProblem):
         return report_lines(self, states)
 
     def _run_limits(self, split: Split) -> SandboxLimits:
-        """The limits, with room for the returned matrix: its .npy bytes in base64, any 8-byte dtype."""
+        """The limits, with room for the returned matrix (its .npy bytes in base64, any 8-byte
+        dtype) in the return value and in the file that carries it."""
         value_bytes = (split.train.size * 8 + 4096) * 4 // 3 + 4096
-        return dataclasses.replace(self.limits, max_output_bytes=max(self.limits.max_output_bytes, value_bytes))
+        return dataclasses.replace(
+            self.limits,
+            max_output_bytes=max(self.limits.max_output_bytes, value_bytes),
+            max_file_mb=max(self.limits.max_file_mb, -(-value_bytes // 2**20) + 1),
+        )
 
     def _warn_if_unisolated(self, sandbox: Any) -> None:
         global _process_warned
@@ -231,7 +237,7 @@ class DenoisingProblem(BaseProblem):
 
 
 def decode_output(output: Any) -> tuple[np.ndarray | None, str]:
-    """The array the driver returned ({"npy": base64 of .npy bytes}), read without pickle."""
+    """The array the driver wrote ({"npy": base64 of .npy bytes}), read without pickle."""
     if not isinstance(output, dict) or not isinstance(output.get("npy"), str):
         return None, "the program returned no array (expected the driver's {'npy': ...})"
     try:
