@@ -15,6 +15,7 @@ _PROBLEMS: dict[str, str] = {
     "ac2": "evaluators.math.ac2:SecondAutocorrelationProblem",
     "circles-26": "evaluators.math.circles:circles_26",
     "circles-32": "evaluators.math.circles:circles_32",
+    "trimul": "evaluators.kernels.trimul.problem:TriMulProblem",
 }
 
 
