@@ -119,6 +119,7 @@ class DockerSandbox:
         self._client = client or _client(timeout=START_TIMEOUT_S)
         self._api = self._client.api
         self._client.images.get(self.image)  # fail now (ImageNotFound) rather than at the first run
+        self._engine_cpus = int(self._api.info().get("NCPU") or 1)  # a CPU quota above it is refused
         self._harness = HARNESS.read_text(encoding="utf-8")
         self._slots = threading.BoundedSemaphore(self.concurrency)
         self._lock = threading.Lock()
@@ -351,7 +352,7 @@ class DockerSandbox:
             network_mode="none",
             mem_limit=mem,
             memswap_limit=mem,  # equal: no swap on top of the memory limit
-            nano_cpus=int(cpus * 1e9),
+            nano_cpus=int(min(cpus, self._engine_cpus) * 1e9),
             pids_limit=max_processes + 16,  # + keeper, init, runner and its threads
             read_only=True,
             tmpfs={"/tmp": tmp_opts},
