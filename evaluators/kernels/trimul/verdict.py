@@ -78,6 +78,11 @@ def below_floor(job: dict, means_us: list[float], gpu_name: str) -> str:
     return ""
 
 
+def label(shape: dict) -> str:
+    """A short name of a benchmark shape, for table columns: "B2 N256 C128 normal"."""
+    return f"B{shape['bs']} N{shape['seqlen']} C{shape['dim']} {shape['distribution']}" + ("" if shape["nomask"] else " mask")
+
+
 def describe(shape: dict) -> str:
     mask = "no mask" if shape["nomask"] else "mask"
     return f"B={shape['bs']} N={shape['seqlen']} C={shape['dim']} H={shape['hiddendim']}, {shape['distribution']}, {mask}"
@@ -106,7 +111,7 @@ def timed_verdict(job: dict, report: dict, checked: dict, logs: str) -> EvalResu
         "geomean_us": geomean, "runtimes_us": means, "std_us": spreads,
         "timed_calls": [b.get("calls") for b in report.get("benchmarks", [])],
     }
-    metrics = {"geomean_us": geomean, **{f"runtime_us_{i}": m for i, m in enumerate(means)}}
+    metrics = {"geomean_us": geomean, **{f"us {label(s)}": m for s, m in zip(job["benchmarks"], means)}}
     summary = "\n".join(lines)
     return EvalResult(reward=reward_for(geomean), valid=True, construction=construction, metrics=metrics,
                       logs=(logs + "\n" if logs else "") + summary)
