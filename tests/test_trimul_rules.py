@@ -204,12 +204,14 @@ def test_gpus_are_found_from_the_driver_and_selected(tmp_path: Path, monkeypatch
     assert [g.index for g in _selected(found)] == ["1"]
 
 
-def test_a_gpu_is_leased_to_one_run_at_a_time() -> None:
-    leases = GpuLeases((Gpu("0", "A"), Gpu("1", "B")))
+def test_a_gpu_is_leased_to_one_run_at_a_time_across_processes(tmp_path: Path) -> None:
+    gpus = (Gpu("0", "A"), Gpu("1", "B"))
+    # Two lease holders with their own lock files open stand for two worker processes of one machine.
+    holders = [GpuLeases(gpus, tmp_path), GpuLeases(gpus, tmp_path)]
     held, order = [], []
 
     def work(k: int) -> None:
-        with leases.lease() as gpu:
+        with holders[k % 2].lease() as gpu:
             assert gpu.index not in held
             held.append(gpu.index)
             order.append(gpu.index)
@@ -223,7 +225,7 @@ def test_a_gpu_is_leased_to_one_run_at_a_time() -> None:
         t.join()
     assert len(order) == 6 and set(order) == {"0", "1"}
     with pytest.raises(RuntimeError, match="no GPU"):
-        with GpuLeases(()).lease():
+        with GpuLeases((), tmp_path).lease():
             pass
 
 
@@ -245,12 +247,12 @@ def test_the_problem_text_states_the_live_values_and_the_contract_holds(monkeypa
         TriMulProblem(device="tpu")
 
 
-def test_the_wrong_gpu_type_is_refused_before_anything_runs() -> None:
+def test_the_wrong_gpu_type_is_refused_before_anything_runs(tmp_path: Path) -> None:
     class NoSandbox:
         def run(self, *a, **k):
             raise AssertionError("nothing may run on the wrong GPU")
 
-    p = TriMulProblem(gpu_type="H100", leases=GpuLeases((Gpu("0", "NVIDIA A100-SXM4-80GB"),)))
+    p = TriMulProblem(gpu_type="H100", leases=GpuLeases((Gpu("0", "NVIDIA A100-SXM4-80GB"),), tmp_path))
     v = p.evaluate(CORRECT_TORCH, None, NoSandbox())
     assert not v.valid and "A100-SXM4-80GB" in v.reason and "H100 is declared" in v.reason
 

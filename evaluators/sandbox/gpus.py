@@ -4,11 +4,15 @@ Found without creating a CUDA context in this process (a Prefect worker need not
 `nvidia-smi`, else the NVIDIA driver's /proc entries. DISCOVER_GPUS (comma-separated indices)
 restricts the set, as does CUDA_VISIBLE_DEVICES (indices or UUIDs). `GPU_LEASES.lease()` hands
 out one free GPU at a time and blocks while all are held, so two candidates are never timed on the
-same GPU at once; the pool-wide count of GPUs in use is Prefect's concurrency limit (flows/tasks.py).
+same GPU at once, even from different processes on the machine (Prefect starts one per flow run):
+a lease is an exclusive flock on the GPU's lock file in DISCOVER_GPU_LOCKS (default
+~/.cache/ttt-discover/gpu-locks), which the kernel releases if the holder dies. The pool-wide count
+of GPUs in use is Prefect's concurrency limit (flows/tasks.py).
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -20,6 +24,11 @@ from pathlib import Path
 from typing import Iterator
 
 SELECT_ENV = "DISCOVER_GPUS"
+LOCKS_ENV = "DISCOVER_GPU_LOCKS"
+
+
+def lock_dir() -> Path:
+    return Path(os.environ.get(LOCKS_ENV) or Path.home() / ".cache" / "ttt-discover" / "gpu-locks")
 
 
 @dataclass(frozen=True)
@@ -82,10 +91,11 @@ def local_gpus() -> tuple[Gpu, ...]:
 
 
 class GpuLeases:
-    """Hands out the local GPUs one run at a time; `lease()` blocks while all are held."""
+    """Hands out the local GPUs one run at a time, across processes; `lease()` blocks while all are held."""
 
-    def __init__(self, gpus: tuple[Gpu, ...] | None = None):
+    def __init__(self, gpus: tuple[Gpu, ...] | None = None, locks: Path | None = None):
         self._gpus = gpus
+        self._locks = locks
         self._busy: set[str] = set()
         self._cond = threading.Condition()
 
@@ -93,22 +103,42 @@ class GpuLeases:
     def gpus(self) -> tuple[Gpu, ...]:
         return local_gpus() if self._gpus is None else self._gpus
 
+    def _try_lock(self, gpu: Gpu) -> int | None:
+        """An open descriptor holding the GPU's lock file exclusively, or None if another holds it."""
+        folder = self._locks or lock_dir()
+        folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(folder / f"gpu-{gpu.uuid or gpu.index}.lock", os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            os.close(fd)
+            return None
+
     @contextmanager
     def lease(self) -> Iterator[Gpu]:
         if not self.gpus:
             raise RuntimeError("no GPU on this machine (nvidia-smi finds none)")
         with self._cond:
             while True:
-                free = [g for g in self.gpus if g.index not in self._busy]
-                if free:
-                    gpu = free[0]
+                held = None
+                for g in self.gpus:
+                    if g.index not in self._busy:
+                        fd = self._try_lock(g)
+                        if fd is not None:
+                            held = (g, fd)
+                            break
+                if held:
+                    gpu, fd = held
                     self._busy.add(gpu.index)
                     break
-                self._cond.wait()
+                self._cond.wait(timeout=0.5)  # another process's release notifies nobody here
         try:
             yield gpu
         finally:
             with self._cond:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                os.close(fd)
                 self._busy.discard(gpu.index)
                 self._cond.notify_all()
 
