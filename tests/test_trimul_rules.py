@@ -260,3 +260,41 @@ def test_the_wrong_gpu_type_is_refused_before_anything_runs(tmp_path: Path) -> N
 def test_the_geometric_mean() -> None:
     assert verdict.geometric_mean([1.0, 100.0]) == pytest.approx(10.0)
     assert math.isclose(verdict.reward_for(1000.0), 1.5)
+
+
+class _ScriptedSandbox:
+    """Stands in for the GPU sandbox: answers each run from a script and records what ran where."""
+
+    def __init__(self, checker_failure: str = "", means_ms: float = 1.2):
+        self.runs: list[tuple[str, str, str]] = []
+        self.checker_failure, self.means_ms = checker_failure, means_ms
+
+    def run(self, program, entry, job, limits, data_dir=None, device=None):
+        from evaluators.sandbox.base import SandboxResult
+
+        what = "checker" if "def check_call" in program else "driver"
+        phase = "tests" if job["tests"] else "benchmarks"
+        self.runs.append((what, phase, device))
+        if what == "checker":
+            return SandboxResult(ok=True, output={"checked": len(job["calls"]), "failure": self.checker_failure, "gpu": "NVIDIA H100 80GB HBM3"})
+        calls = [{"kind": "test", "set": "tests", "shape": i, "seed": s[0], "ms": None} for i, s in enumerate(job["test_seeds"])]
+        for i, _ in enumerate(job["benchmarks"]):
+            calls.append({"kind": "warmup", "set": "benchmarks", "shape": i, "seed": 1, "ms": None})
+            calls += [{"kind": "timed", "set": "benchmarks", "shape": i, "seed": 10 * i + k, "ms": self.means_ms} for k in range(3)]
+            calls.append({"kind": "batch", "set": "benchmarks", "shape": i, "seed": 2, "ms": None})
+        report = {"calls": calls, "versions": {"torch": "2.11.0", "triton": "3.6.0"}, "benchmarks": [{"calls": 3}] * len(job["benchmarks"])}
+        return SandboxResult(ok=True, output=report, logs="driver log")
+
+
+def test_a_kernel_is_timed_only_after_every_test_shape_passed_on_its_leased_gpu(tmp_path: Path) -> None:
+    leases = GpuLeases((Gpu("3", "NVIDIA H100 80GB HBM3"),), tmp_path)
+    wrong = _ScriptedSandbox(checker_failure="test call on tests shape 4: 7 of 262144 checked output values are wrong")
+    v = TriMulProblem(leases=leases).evaluate(CORRECT_TORCH, None, wrong)
+    assert not v.valid and "tests shape 4" in v.reason
+    assert wrong.runs == [("driver", "tests", "3"), ("checker", "tests", "3")]  # never timed
+    good = _ScriptedSandbox(means_ms=1.3711)
+    v = TriMulProblem(leases=leases).evaluate(CORRECT_TORCH, None, good)
+    assert v.valid and v.reward == pytest.approx(1500 / 1371.1)
+    assert [r[:2] for r in good.runs] == [("driver", "tests"), ("checker", "tests"), ("driver", "benchmarks"), ("checker", "benchmarks")]
+    assert {r[2] for r in good.runs} == {"3"}  # every run on the one leased GPU
+    assert "us B1 N1024 C384 normal" in v.metrics and v.logs.startswith("driver log")

@@ -6,12 +6,13 @@ One evaluation, on a machine with a GPU:
 1. static_rules.py reads the source; a broken rule is the reason for 0 before anything runs.
 2. One GPU is leased (evaluators/sandbox/gpus.py) and its model checked against the declared type
    (the pool's DISCOVER_GPU_TYPE, else the problem's `gpu_type`) before anything is timed.
-3. The driver (driver.py) runs the candidate in the sandbox on that GPU: a call per test shape, then
-   per benchmark shape a warm-up, timed calls and a synchronised batch, all on fresh inputs, with
-   the run-time rules; it sends out samples of every output.
-4. The checker (checker.py), trusted code in a second sandbox run on the same GPU that never
-   imports the candidate, regenerates every call's inputs, computes the reference and judges the
-   samples.
+3. The driver (driver.py) runs the candidate in the sandbox on that GPU, a call per test shape,
+   with the run-time rules; it sends out samples of every output.
+4. The checker (checker.py), trusted code in another sandbox run on the same GPU that never imports
+   the candidate, regenerates every call's inputs, computes the reference and judges the samples.
+   Only a kernel correct on every test shape goes on to be timed: a second driver run does, per
+   benchmark shape, a warm-up, timed calls and a synchronised batch, all on fresh inputs and all
+   sampled, and the checker judges those too.
 5. verdict.py checks the driver's report, the roofline floors (roofline.py) and scores it.
 
 Without a GPU (or with `device: cpu`) steps 3 and 4 run on the CPU under Triton's interpreter, on
@@ -179,42 +180,52 @@ class TriMulProblem(BaseProblem):
         seeds = [[s["seed"], None] if i == 0 else [s["seed"]] for i, s in enumerate(tests)]
         job = {"device": "cpu", "source": source, "tests": tests, "test_seeds": seeds, "benchmarks": [],
                "timing": TIMING, **SAMPLING}
-        limits = dataclasses.replace(self.limits, limit_address_space=True)
-        report, why, logs = self._run(sandbox, self.driver_program, job, limits, "cpu")
-        if report is None:
-            return EvalResult.invalid(why, logs=logs)
-        why = verdict.report_problem(job, report)
-        if why:
-            return EvalResult.invalid(why, logs=logs)
-        checked, why = self._judge_samples(job, report, sandbox, "cpu")
-        if why or checked.get("error") or checked.get("failure"):
-            return EvalResult.invalid(why or checked.get("error") or checked["failure"], logs=logs)
+        limits = dataclasses.replace(self.limits, limit_address_space=True)  # no CUDA: RLIMIT_AS holds
+        report, _, rejected = self._phase(job, sandbox, "cpu", limits)
+        if rejected:
+            return rejected
         calls = len(report["calls"])
         return EvalResult(
             reward=0.0, valid=False, reason=f"correct on the CPU check ({calls} calls under Triton's interpreter), but {NO_GPU}",
-            metrics={"cpu_check_calls": float(calls)}, logs=logs,
+            metrics={"cpu_check_calls": float(calls)}, logs=report["logs"],
         )
 
+    def _phase(
+        self, job: dict, sandbox: Any, device: str, limits: SandboxLimits | None = None
+    ) -> tuple[dict | None, dict | None, EvalResult | None]:
+        """One driver run and the checker's judgement of it: (report, checked, None) or a rejection."""
+        report, why, logs = self._run(sandbox, self.driver_program, job, limits or self.limits, device)
+        if report is None:
+            return None, None, EvalResult.invalid(why, logs=logs)
+        why = verdict.report_problem(job, report)
+        if not why:
+            checked, why = self._judge_samples(job, report, sandbox, device)
+            why = why or checked.get("error") or checked.get("failure") or ""
+            if not why and checked.get("checked") != len(report["calls"]):
+                why = f"the checker judged {checked.get('checked')} of {len(report['calls'])} calls"
+        if why:
+            return None, None, EvalResult.invalid(why, logs=logs)
+        report["logs"] = logs
+        return report, checked, None
+
     def _timed(self, source: str, sandbox: Any) -> EvalResult:
+        """Correctness on every test shape first (a wrong kernel is never timed), then the timing."""
         declared = self.declared_gpu_type()
         with self.leases.lease() as gpu:
             if declared and declared.lower() not in gpu.name.lower():
                 return EvalResult.invalid(
                     f"the GPU here is {gpu.name}, but {declared} is declared ({GPU_TYPE_ENV} or gpu_type); nothing was "
                     f"timed: run on a {declared} or correct the pool's declaration")
-            tests = SHAPES["tests"]
-            job = {"device": "cuda", "source": source, "gpu_type": declared, "tests": tests,
-                   "test_seeds": [[s["seed"]] for s in tests], "benchmarks": SHAPES["benchmarks"], "timing": TIMING, **SAMPLING}
-            report, why, logs = self._run(sandbox, self.driver_program, job, self.limits, gpu.index)
-            if report is None:
-                return EvalResult.invalid(why, logs=logs)
-            why = verdict.report_problem(job, report)
-            if why:
-                return EvalResult.invalid(why, logs=logs)
-            checked, why = self._judge_samples(job, report, sandbox, gpu.index)
-            if why:
-                return EvalResult.invalid(why, logs=logs)
-        return verdict.timed_verdict(job, report, checked, logs)
+            base = {"device": "cuda", "source": source, "gpu_type": declared, "timing": TIMING, **SAMPLING}
+            tests = {**base, "tests": SHAPES["tests"], "test_seeds": [[s["seed"]] for s in SHAPES["tests"]], "benchmarks": []}
+            _, _, rejected = self._phase(tests, sandbox, gpu.index)
+            if rejected:
+                return rejected
+            timing = {**base, "tests": [], "test_seeds": [], "benchmarks": SHAPES["benchmarks"]}
+            report, checked, rejected = self._phase(timing, sandbox, gpu.index)
+            if rejected:
+                return rejected
+        return verdict.timed_verdict(timing, report, checked, report.pop("logs"))
 
     @cached_property
     def driver_program(self) -> str:
