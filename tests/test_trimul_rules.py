@@ -298,3 +298,17 @@ def test_a_kernel_is_timed_only_after_every_test_shape_passed_on_its_leased_gpu(
     assert [r[:2] for r in good.runs] == [("driver", "tests"), ("checker", "tests"), ("driver", "benchmarks"), ("checker", "benchmarks")]
     assert {r[2] for r in good.runs} == {"3"}  # every run on the one leased GPU
     assert "us B1 N1024 C384 normal" in v.metrics and v.logs.startswith("driver log")
+
+
+def test_the_gpu_image_runs_the_torch_and_triton_the_project_locks() -> None:
+    import importlib.util
+    from importlib.metadata import version
+
+    spec = importlib.util.spec_from_file_location("image_build", REPO / "images" / "build.py")
+    build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build)
+    args = build.build_args("gpu")
+    assert args == {"TORCH_VERSION": version("torch"), "TRITON_VERSION": version("triton")}  # what the text names
+    assert build.build_args("python-math") == {}
+    names = __import__("tarfile").open(fileobj=build.build_context("gpu")).getnames()
+    assert sorted(names) == ["Dockerfile", "host-ca.pem", "offline-packages.txt"]
