@@ -312,3 +312,23 @@ def test_the_gpu_image_runs_the_torch_and_triton_the_project_locks() -> None:
     assert build.build_args("python-math") == {}
     names = __import__("tarfile").open(fileobj=build.build_context("gpu")).getnames()
     assert sorted(names) == ["Dockerfile", "host-ca.pem", "offline-packages.txt"]
+
+
+def test_each_sandbox_run_sees_only_the_gpu_it_names() -> None:
+    from evaluators.sandbox import ProcessSandbox, docker_unavailable
+    from evaluators.sandbox.base import SandboxLimits
+
+    limits = SandboxLimits(timeout_s=60)
+    show = "import os\ndef show(a):\n    return os.environ.get('CUDA_VISIBLE_DEVICES')\n"
+    assert ProcessSandbox().run(show, "show", None, limits, device="2").output == "2"
+    assert ProcessSandbox().run(show, "show", None, limits, device="cpu").output == ""
+    assert ProcessSandbox().run(show, "show", None, limits).output is None  # the default: unchanged
+    if docker_unavailable("python-math"):
+        pytest.skip("no Docker engine or python-math image: the docker half is not checked here")
+    from evaluators.sandbox.docker import DockerSandbox
+
+    with DockerSandbox(image="python-math", concurrency=1, gpu=True) as box:
+        assert box.exec_tmp  # Triton loads what it compiles from /tmp
+        assert [box._key(limits, None, d)[-1] for d in ("3", None, "cpu")] == ["3", "all", ""]
+        run = box.run("def f(a):\n    return 7\n", "f", None, limits, device="cpu")  # no device request at all
+        assert run.ok and run.output == 7, run.reason
