@@ -6,6 +6,7 @@ the driver and the checker at run time."""
 
 from __future__ import annotations
 
+import os
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -90,3 +91,20 @@ def test_without_a_gpu_auto_uses_the_cpu_check_and_cuda_says_so_in_one_line() ->
     cuda = TriMulProblem(device="cuda", leases=none).evaluate(CORRECT_TORCH, None, ProcessSandbox())
     assert not cuda.valid and cuda.reason == NO_GPU and "\n" not in cuda.reason
     assert "gpu-h100" in NO_GPU and "nvidia-smi" in NO_GPU  # names the fix
+
+
+def test_every_run_compiles_into_a_fresh_triton_cache_of_its_own() -> None:
+    """SPEC §5c: no compilation or autotuning result is reused across candidates."""
+    from evaluators.kernels.trimul.problem import SAMPLING, SHAPES, TIMING
+
+    shape = SHAPES["tests"][0]
+    job = {"device": "cpu", "source": CORRECT_TORCH, "tests": [shape], "test_seeds": [[shape["seed"]]], "benchmarks": [],
+           "timing": TIMING, **SAMPLING}
+    box = ProcessSandbox()
+    dirs = []
+    for _ in range(2):
+        run = box.run(PROBLEM.driver_program, "main", job, PROBLEM.limits, device="cpu")
+        assert run.ok and not run.output.get("error"), run.reason + run.logs[-2000:]
+        dirs.append(run.output["triton_cache_dir"])
+    assert dirs[0] != dirs[1] and all(d.endswith("/triton-cache") for d in dirs)
+    assert all(not os.path.exists(d) for d in dirs)  # inside the run's own directory, deleted with it
