@@ -5,7 +5,6 @@ kernels into a table named by GPU type, with a clear "no GPU" verdict on CPU."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -58,7 +57,7 @@ def long_tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.slow
-def test_two_steps_of_trimul_keep_the_initial_kernel(tmp_path: Path, long_tiny_model: Path) -> None:
+def test_two_steps_of_trimul_keep_the_initial_kernel(tmp_path: Path, long_tiny_model: Path, cli_env: dict[str, str]) -> None:
     run_dir = tmp_path / "trimul"
     config = {
         "problem": "trimul",
@@ -73,9 +72,7 @@ def test_two_steps_of_trimul_keep_the_initial_kernel(tmp_path: Path, long_tiny_m
     }
     path = tmp_path / "trimul.yaml"
     path.write_text(yaml.safe_dump(config))
-    env = dict(os.environ, PREFECT_HOME=str(tmp_path / "prefect"), PREFECT_LOGGING_LEVEL="WARNING",
-               PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="600")
-    proc = subprocess.run([sys.executable, "-c", _RUN, str(path)], env=env, capture_output=True, text=True, timeout=1800, cwd=REPO)
+    proc = subprocess.run([sys.executable, "-c", _RUN, str(path)], env=cli_env, capture_output=True, text=True, timeout=1800, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert proc.stdout.split()[0] == "trimul"
     seeds, _ = archive_records(run_dir / "archive" / "0000.parquet")
