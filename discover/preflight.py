@@ -50,9 +50,10 @@ def preflight(config: RunConfig) -> None:
         raise PreflightError(str(err.args[0])) from None
     except (ValueError, TypeError) as err:
         raise PreflightError(f"problem_options: {err}") from None
-    seeds_file = config.problem_options.get("seeds_file")
-    if seeds_file and not Path(seeds_file).expanduser().is_file():
-        raise PreflightError(f"problem_options.seeds_file {seeds_file!r} does not exist (relative paths are taken from {Path.cwd()})")
+    for option in ("seeds_file", "initial_program"):  # files a problem reads when the run starts
+        path = config.problem_options.get(option)
+        if path and not Path(path).expanduser().is_file():
+            raise PreflightError(f"problem_options.{option} {path!r} does not exist (relative paths are taken from {Path.cwd()})")
     if problem.needs_sandbox and config.sandbox.backend == "docker":
         from evaluators.sandbox import docker_unavailable
 

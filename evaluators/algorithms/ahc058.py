@@ -155,7 +155,7 @@ class AppleGameProblem(AtCoderProblem):
     # SPEC §5a: the prompt's target. The contest's 1st place (a human) scored 847,674,723 over its 150
     # official cases: that mean per case, in reward units.
     target = 847_674_723 / 150 / 3_000_000.0
-    initial_program = None  # from scratch, as in the paper
+    builtin_program = None  # from scratch, as in the paper
 
     def parse_input(self, text: str) -> Input:
         return parse_input(text)

@@ -51,18 +51,22 @@ class AtCoderProblem(BaseProblem):
     contest = ""  # "ahc039": its statement (statements/), public inputs (data/) and name
     scale = 1.0  # reward = mean case score / scale
     time_limit_s = 2.0  # CPU seconds per case (the contest's)
-    initial_program: str | None = None  # file in programs/ for the seed; None: start from scratch
+    builtin_program: str | None = None  # the seed's file in programs/; None: start from scratch
 
     def __init__(
         self,
         cases: str | int | list[int] | None = None,
         stop_at_first_failure: bool = True,
+        initial_program: str | None = None,
         timeout_s: float = PAPER_LIMITS["timeout_s"],
         memory_mb: int = PAPER_LIMITS["memory_mb"],
         cpus: int = PAPER_LIMITS["cpus"],
     ):
         self.cases = select_cases(cases, range(150))
         self.stop_at_first_failure = bool(stop_at_first_failure)
+        # A C++ file to start from instead of the built-in seed (e.g. the published program the paper
+        # started AHC039 from); read only when seeds are drawn, when a run starts.
+        self.initial_program = initial_program
         self.limits = SandboxLimits(
             timeout_s=timeout_s, memory_mb=memory_mb, cpus=cpus, max_output_bytes=OUTPUT_CAP, max_processes=64
         )
@@ -95,7 +99,16 @@ class AtCoderProblem(BaseProblem):
     # -- states ------------------------------------------------------------------------------------
 
     def seeds(self, rng: np.random.Generator, count: int) -> list[SeedState]:
-        code = (HERE / "programs" / self.initial_program).read_text(encoding="utf-8") if self.initial_program else ""
+        """`count` copies of the initial program (the option's file, else the built-in one, else none)."""
+        if self.initial_program:
+            path = Path(self.initial_program).expanduser()
+            if not path.is_file():
+                raise ValueError(f"problem_options.initial_program {self.initial_program!r} does not exist")
+            code = path.read_text(encoding="utf-8")
+        elif self.builtin_program:
+            code = (HERE / "programs" / self.builtin_program).read_text(encoding="utf-8")
+        else:
+            code = ""
         return [SeedState(code=code) for _ in range(count)]
 
     def parse(self, answer: str) -> str | None:
