@@ -60,7 +60,7 @@ def is_integer(token: str) -> bool:
 def integer_prefix(tokens: list[str]) -> tuple[list[int], int | None]:
     """The values of the tokens up to the first one that is not an integer, and that one's index
     (None when all are integers). One regular-expression pass decides the common all-good case."""
-    if _ALL_INTEGERS.fullmatch(" ".join(tokens) + " ") is not None:
+    if not tokens or _ALL_INTEGERS.fullmatch(" ".join(tokens) + " ") is not None:
         return list(map(int, tokens)), None
     bad = next(i for i, t in enumerate(tokens) if not is_integer(t))
     return list(map(int, tokens[:bad])), bad
