@@ -37,6 +37,7 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol, Sequence
@@ -164,7 +165,8 @@ def run_program(
     """Compile `source` once and run it on `cases` ((index, input text) pairs) in parallel slots.
 
     `open_session(slot)` gives a runner for slot 0, 1, ...; `on_case` sees each case as it
-    finishes (from the slot's thread) and returns False to stop handing out cases.
+    finishes (in one judging thread, while the slots go on) and returns False to stop handing out
+    cases (a case or two already started still finish).
     """
     deadline = time.monotonic() + limits.deadline_s
     base = {
@@ -212,12 +214,8 @@ def run_program(
                     index, text = pending.get_nowait()
                 except queue.Empty:
                     break
-                run = classify(session.case(index, text, timeout=limits.wall_s + BACKSTOP_S), limits)
-                keep = on_case(run) if on_case is not None else True
-                with lock:
-                    done.append(run)
-                    if not keep:
-                        state["stop"] = True
+                raw = session.case(index, text, timeout=limits.wall_s + BACKSTOP_S)
+                judged.append(judging.submit(finish, raw))  # the slot goes on with the next case
             session.end(timeout=BACKSTOP_S)
         except SessionError as err:
             with lock:
@@ -227,12 +225,24 @@ def run_program(
             if session is not None:
                 session.close()
 
+    def finish(raw: dict[str, Any]) -> None:
+        run = classify(raw, limits)
+        keep = on_case(run) if on_case is not None else True
+        with lock:
+            done.append(run)
+            if not keep:
+                state["stop"] = True
+
+    judged: list[Future] = []
     threads = [threading.Thread(target=slot, args=(0, first), daemon=True)]
     threads += [threading.Thread(target=slot, args=(k, None), daemon=True) for k in range(1, min(limits.parallel, len(cases)))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="judge") as judging:  # off the slots' path
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    for future in judged:
+        future.result()  # a judge that raised is our bug: let it show
     stopped = state["stop"] and not state["error"]
     error = state["error"] if len(done) < len(cases) and not stopped else ""
     return NativeRun(compiled=True, compile_log=compile_log, compile_s=compile_s, cases=tuple(done), error=error, stopped=stopped)

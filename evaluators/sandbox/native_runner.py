@@ -161,30 +161,54 @@ class Child:
         """Kill everything the child left and remove what it owns; True when nothing is left."""
         if self.uid is None:
             return self._kill_marked()
-        ok = True
-        for _ in range(200):
+        ok = False
+        for _ in range(400):
+            # a helper of the uid sends SIGKILL to every process it may signal: all of the uid's
+            # but itself (kill(-1) cannot tell whether there were any, so /proc is checked after)
+            self._as_uid(_kill_all)
             if not self._uid_pids():
+                ok = True
                 break
-            self._as_uid(lambda: os.kill(-1, signal.SIGKILL))  # every process of uid
             time.sleep(0.002)
-        else:
-            ok = False
-        self._as_uid(self._remove_owned)
+        if self._owns_something():
+            self._as_uid(self._remove_owned)
         return ok
 
     def _as_uid(self, action):
+        """Run `action()` in a forked helper that became the uid; its exit status (1: it raised)."""
         pid = os.fork()
         if pid == 0:
-            code = 0
+            code = 1
             try:
                 os.setgroups([])
                 os.setgid(self.gid)
                 os.setuid(self.uid)
-                action()
+                code = action() or 0
             except BaseException:
-                code = 1
+                pass
             os._exit(code)
-        os.waitpid(pid, 0)
+        return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+    def _owns_something(self):
+        """Whether the uid owns System V IPC objects, message queues or scratch files (looked up as
+        ourselves, so that a helper is forked only when there is something to remove)."""
+        for kind in ("shm", "msg", "sem"):
+            try:
+                with open("/proc/sysvipc/" + kind) as f:
+                    header = f.readline().split()
+                    column = header.index("uid")
+                    if any(int(line.split()[column]) == self.uid for line in f if line.strip()):
+                        return True
+            except (OSError, ValueError, IndexError):
+                continue
+        for top in ["/dev/mqueue", *self.scratch]:
+            try:
+                with os.scandir(top) as entries:
+                    if any(e.stat(follow_symlinks=False).st_uid == self.uid for e in entries):
+                        return True
+            except OSError:
+                continue
+        return False
 
     def _remove_owned(self):
         """Runs as uid: its System V IPC objects, message queues and scratch files go."""
@@ -249,6 +273,11 @@ class Child:
                 return True
             time.sleep(0.005)
         return False
+
+
+def _kill_all():
+    """In a helper of the uid: SIGKILL every process of the uid (and of nobody else)."""
+    os.kill(-1, signal.SIGKILL)
 
 
 # -- the two jobs --------------------------------------------------------------------------------
