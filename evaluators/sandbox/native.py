@@ -174,7 +174,10 @@ def run_program(
         "output_bytes": limits.output_bytes, "compile_timeout_s": limits.compile_timeout_s,
         "compile_memory_mb": limits.compile_memory_mb, "binary_mb": limits.binary_mb,
     }
-    first = open_session(0)
+    try:
+        first = open_session(0)
+    except SessionError as err:
+        return NativeRun(compiled=False, error=f"the sandbox failed to start: {err}")
     try:
         ready = first.start(
             {**base, "source": source, "command": list(compile_command), "return_binary": len(cases) > 0 and limits.parallel > 1},
@@ -292,33 +295,37 @@ def message(payload: dict[str, Any]) -> bytes:
 
 
 class LocalSession:
-    """A runner process on this machine (the process backend): pinned to one CPU, and, when we are
-    root, dropping the program to a fresh unprivileged uid of its own."""
+    """A runner process on this machine (the process backend): pinned to the core that the fewest
+    of our runners use, and, when we are root, dropping the program to a fresh unprivileged uid."""
 
     def __init__(self, slot: int, limits: NativeLimits):
         from evaluators.sandbox.process import _acquire_run_uid, _nproc_limit
 
         self.token = secrets.token_hex(16)
-        self.uid = _acquire_run_uid()
         self.parent = tempfile.mkdtemp(prefix="discover-native-")
         os.chmod(self.parent, 0o711)
-        cpus = sorted(os.sched_getaffinity(0))
+        self.uid = _acquire_run_uid()
+        self.cpu = _take_core()
         self.common = {
             "token": self.token,
             "marker": secrets.token_hex(16),
             "uid": self.uid,
             "gid": self.uid,
-            "cpu": cpus[slot % len(cpus)],
+            "cpu": self.cpu,
             "workdir": os.path.join(self.parent, "w"),
             "nproc": limits.max_processes if self.uid is not None else _nproc_limit(limits.max_processes),
             "cgroup": False,  # the host's cgroup counts everyone's processes
             "scratch": ["/tmp", "/var/tmp", "/dev/shm"] if self.uid is not None else [],
         }
         self.stderr = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", str(RUNNER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=self.stderr, start_new_session=True, close_fds=True, cwd=self.parent,
-        )
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", str(RUNNER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=self.stderr, start_new_session=True, close_fds=True, cwd=self.parent,
+            )
+        except OSError as err:
+            self._release()
+            raise SessionError(f"could not start the runner: {err}") from None
         self.reader = ReplyReader(self.token, self._recv, self._death)
         self.ended = False
 
@@ -356,7 +363,7 @@ class LocalSession:
         return report
 
     def close(self) -> None:
-        from evaluators.sandbox.process import _kill_group, _kill_uid, _release_run_uid, _remove_tree
+        from evaluators.sandbox.process import _kill_group
 
         if self.ended:  # it is exiting on its own
             try:
@@ -365,12 +372,37 @@ class LocalSession:
                 pass
         _kill_group(self.proc.pid)  # a runner that hung, and anything left in its session
         self.proc.wait()
-        for stream in (self.proc.stdin, self.proc.stdout, self.stderr):
+        for stream in (self.proc.stdin, self.proc.stdout):
             try:
                 stream.close()
             except OSError:
                 pass
+        self._release()
+
+    def _release(self) -> None:
+        from evaluators.sandbox.process import _kill_uid, _release_run_uid, _remove_tree
+
+        self.stderr.close()
         if self.uid is not None:
             _kill_uid(self.uid)
             _release_run_uid(self.uid)
         _remove_tree(self.parent)
+        _give_core(self.cpu)
+
+
+_cores_in_use: dict[int, int] = {}  # core -> runner sessions of this process pinned to it
+_cores_lock = threading.Lock()
+
+
+def _take_core() -> int:
+    """The allowed core with the fewest of our sessions: slots of concurrent evaluations spread
+    over the cores, and no two share one while a core is free."""
+    with _cores_lock:
+        core = min(sorted(os.sched_getaffinity(0)), key=lambda c: _cores_in_use.get(c, 0))
+        _cores_in_use[core] = _cores_in_use.get(core, 0) + 1
+        return core
+
+
+def _give_core(core: int) -> None:
+    with _cores_lock:
+        _cores_in_use[core] -= 1
