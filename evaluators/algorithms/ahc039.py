@@ -123,30 +123,33 @@ def _crossing(poly: np.ndarray) -> str:
     v_lo, v_hi = np.minimum(y[v], ny[v]), np.maximum(y[v], ny[v])
 
     def adjacent(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        d = (a[:, None] - b[None, :]) % m
+        d = np.abs(a[:, None] - b[None, :])
         return (d == 1) | (d == m - 1)
 
     # A horizontal and a vertical edge meet in at most one point; adjacent ones meet at their
     # common vertex, which is allowed, so only non-adjacent pairs may not meet.
-    meet = (
-        (h_lo[:, None] <= x[v][None, :]) & (x[v][None, :] <= h_hi[:, None])
-        & (v_lo[None, :] <= y[h][:, None]) & (y[h][:, None] <= v_hi[None, :])
-    )
-    bad = meet & ~adjacent(h, v)
-    if bad.any():
-        a, b = np.argwhere(bad)[0]
-        return _pair_reason(poly, int(h[a]), int(v[b]), "cross or touch")
-    for edges, line, lo, hi in ((h, y[h], h_lo, h_hi), (v, x[v], v_lo, v_hi)):
-        same_line = line[:, None] == line[None, :]
-        overlap = np.maximum(lo[:, None], lo[None, :]) - np.minimum(hi[:, None], hi[None, :])  # <= 0: they share points
-        upper = np.triu(np.ones((len(edges), len(edges)), dtype=bool), k=1)
-        adj = adjacent(edges, edges)
-        # parallel edges on one line: non-adjacent ones may share no point, adjacent ones only
-        # their common vertex (a zero-length overlap)
-        bad = same_line & upper & ((~adj & (overlap <= 0)) | (adj & (overlap < 0)))
+    hx = (h_lo[:, None] <= x[v][None, :]) & (x[v][None, :] <= h_hi[:, None])
+    meet = hx & (v_lo[None, :] <= y[h][:, None]) & (y[h][:, None] <= v_hi[None, :])
+    if meet.any():
+        bad = meet & ~adjacent(h, v)
         if bad.any():
             a, b = np.argwhere(bad)[0]
-            return _pair_reason(poly, int(edges[a]), int(edges[b]), "overlap" if adj[a, b] else "overlap or touch")
+            return _pair_reason(poly, int(h[a]), int(v[b]), "cross or touch")
+    # Parallel edges can only meet on the same line: compare the edges of each line among themselves.
+    # Non-adjacent ones may share no point, adjacent ones only their common vertex (a zero-length overlap).
+    for edges, line, lo, hi in ((h, y[h], h_lo, h_hi), (v, x[v], v_lo, v_hi)):
+        order = np.argsort(line, kind="stable")
+        bounds = np.flatnonzero(np.diff(line[order])) + 1
+        for group in np.split(order, bounds):
+            if len(group) < 2:
+                continue
+            e, a_lo, a_hi = edges[group], lo[group], hi[group]
+            overlap = np.maximum(a_lo[:, None], a_lo[None, :]) - np.minimum(a_hi[:, None], a_hi[None, :])  # <= 0: shared points
+            adj = adjacent(e, e)
+            bad = np.triu((~adj & (overlap <= 0)) | (adj & (overlap < 0)), k=1)
+            if bad.any():
+                a, b = np.argwhere(bad)[0]
+                return _pair_reason(poly, int(e[a]), int(e[b]), "overlap" if adj[a, b] else "overlap or touch")
     return ""
 
 
