@@ -60,7 +60,12 @@ def evaluate(
     if candidate is None:
         result = EvalResult.invalid("no candidate found in the file")
     else:
-        result = p.evaluate(candidate, None, box)
+        from evaluators.sandbox.native import SessionError
+
+        try:
+            result = p.evaluate(candidate, None, box)
+        except SessionError as err:  # the sandbox cannot work here (no compiler): not the candidate's fault
+            fail(f"the {box.name} sandbox cannot evaluate {problem}: {err}")
     _print_result(problem, result, as_json)
 
 

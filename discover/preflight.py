@@ -60,3 +60,10 @@ def preflight(config: RunConfig) -> None:
         why = docker_unavailable(problem.image)
         if why:
             raise PreflightError(f"sandbox.backend 'docker' cannot run {problem.name} here: {why}; or set sandbox.backend: process")
+    if problem.needs_sandbox and problem.image == "cpp20" and config.sandbox.backend != "docker":
+        import shutil
+
+        from evaluators.sandbox import docker_unavailable
+
+        if shutil.which("g++") is None and (config.sandbox.backend == "process" or docker_unavailable("cpp20")):
+            raise PreflightError(f"{problem.name} compiles C++ and the process backend needs g++ here: install it, or use sandbox.backend: docker with the cpp20 image")

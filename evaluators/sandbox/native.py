@@ -187,6 +187,9 @@ def run_program(
         first.close()
         return NativeRun(compiled=False, error=f"the sandbox failed while compiling: {err}")
     compile_log, compile_s = str(ready.get("log", "")), float(ready.get("seconds", 0.0))
+    if ready.get("missing"):  # not the program's fault: the sandbox cannot compile anything
+        first.close()
+        raise SessionError(compile_log)
     if not ready["ok"]:
         try:
             first.end(timeout=BACKSTOP_S)

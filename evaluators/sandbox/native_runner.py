@@ -309,6 +309,9 @@ def compile_source(setup, child, work):
         "RLIMIT_CORE": (0, 0),
     }
     start = time.monotonic()
+    if shutil.which(argv[0], path=child.env["PATH"]) is None:
+        shutil.rmtree(build, ignore_errors=True)
+        return {"ok": False, "seconds": 0.0, "log": "the sandbox has no compiler: %s is not installed" % argv[0], "missing": True}
     with open(log_path, "wb") as log:
         child.env["TMPDIR"] = build
         proc = child.popen(argv, limits, cwd=build, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
