@@ -4,7 +4,6 @@ shows the best program's per-case scores."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -54,7 +53,7 @@ def _config(tmp_path: Path, problem: str, options: dict) -> dict:
     }
 
 
-def test_two_steps_of_each_atcoder_problem_keep_the_seeds(tmp_path: Path, tiny_model_cache: Path) -> None:
+def test_two_steps_of_each_atcoder_problem_keep_the_seeds(tmp_path: Path, cli_env: dict[str, str]) -> None:
     seed_file = tmp_path / "start.cpp"
     seed_file.write_text(SEED_PROGRAM)
     configs = {
@@ -65,15 +64,7 @@ def test_two_steps_of_each_atcoder_problem_keep_the_seeds(tmp_path: Path, tiny_m
     for problem, config in configs.items():
         paths.append(tmp_path / f"{problem}.yaml")
         paths[-1].write_text(yaml.safe_dump(config))
-    env = dict(
-        os.environ,
-        PREFECT_HOME=str(tmp_path / "prefect"),
-        DISCOVER_CACHE=str(tiny_model_cache),
-        PREFECT_LOGGING_LEVEL="WARNING",
-        PREFECT_SERVER_ANALYTICS_ENABLED="false",
-        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="600",  # a busy machine starts the server slowly
-    )
-    proc = subprocess.run([sys.executable, "-c", _RUN_ALL, *map(str, paths)], env=env, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run([sys.executable, "-c", _RUN_ALL, *map(str, paths)], env=cli_env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert [line.split()[0] for line in proc.stdout.splitlines()] == list(configs)
 
