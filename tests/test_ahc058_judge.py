@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from evaluators.algorithms.ahc058 import Input, judge, judge_output, log_score, parse_input, simulate
+from evaluators.algorithms.ahc058 import Input, judge, log_score, parse_input, simulate
 from evaluators.algorithms.cases import public_inputs
 
 # N L T K, A, then L rows of C: a small game whose apples are easy to follow by hand.
