@@ -66,8 +66,13 @@ class NativePool:
             found = next((c for c in self.idle if c.key == key), None)
             if found is not None:
                 self.idle.remove(found)
+        if found is not None:
+            try:
+                return DockerSession(self, found, limits)
+            except SessionError:
+                pass  # a pooled container that died meanwhile: start a fresh one
         try:
-            container = found or self._create(key)
+            container = self._create(key)
         except Exception as err:  # docker.errors.DockerException and socket errors
             raise SessionError(f"could not start a sandbox container: {err}") from None
         return DockerSession(self, container, limits)
