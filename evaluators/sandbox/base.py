@@ -1,4 +1,5 @@
-"""The contract every sandbox backend keeps: run untrusted Python under limits, return plain data."""
+"""The contract every sandbox backend keeps: run untrusted Python (or a compiled program) under limits,
+return plain data."""
 
 from __future__ import annotations
 
@@ -48,5 +49,14 @@ class Sandbox(Protocol):
         given, is a host directory the run may read but not write (a problem's inputs: contest
         cases, training counts); the run finds it at the path in the environment variable
         DISCOVER_DATA (`/data` in a container). Nothing the evaluator must keep secret goes there.
+        """
+        ...
+
+    def run_native(self, source: str, cases: Any, limits: Any, on_case: Any = None) -> Any:
+        """Compile a C++ program once and run it on each (index, input text) case; each case's raw
+        result (status, CPU time, peak memory, stdout) goes to `on_case` for the host to judge.
+
+        Only problems with compiled programs call it (the AtCoder problems); types and limits are
+        in evaluators/sandbox/native.py (NativeLimits, CaseRun, NativeRun).
         """
         ...
