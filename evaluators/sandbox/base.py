@@ -1,4 +1,5 @@
-"""The contract every sandbox backend keeps: run untrusted Python under limits, return plain data."""
+"""The contract every sandbox backend keeps: run untrusted Python (or a compiled program) under limits,
+return plain data."""
 
 from __future__ import annotations
 
@@ -54,5 +55,14 @@ class Sandbox(Protocol):
         DISCOVER_DATA (`/data` in a container). Nothing the evaluator must keep secret goes there.
         `device` picks the GPU the run sees: None is the backend's default (a GPU sandbox sees every
         GPU), "cpu" none, and a GPU index or UUID (evaluators/sandbox/gpus.py) that GPU alone.
+        """
+        ...
+
+    def run_native(self, source: str, cases: Any, limits: Any, on_case: Any = None) -> Any:
+        """Compile a C++ program once and run it on each (index, input text) case; each case's raw
+        result (status, CPU time, peak memory, stdout) goes to `on_case` for the host to judge.
+
+        Only problems with compiled programs call it (the AtCoder problems); types and limits are
+        in evaluators/sandbox/native.py (NativeLimits, CaseRun, NativeRun).
         """
         ...

@@ -126,6 +126,7 @@ class DockerSandbox:
         self._idle: list[_Container] = []
         self._owner = _owner()
         self._closed = False
+        self._native = None  # the containers of compiled programs (docker_native.py), made on first use
         reap_orphans(self._client)
         _live.add(self)
 
@@ -147,6 +148,15 @@ class DockerSandbox:
             duration_s=time.monotonic() - start,
         )
 
+    def run_native(self, source: str, cases, limits, on_case=None):
+        """Compile a C++ program once and run it on each case in one-CPU containers (docker_native.py)."""
+        from evaluators.sandbox.docker_native import NativePool
+        from evaluators.sandbox.native import run_program
+
+        with self._lock:
+            self._native = self._native or NativePool(self)
+        return run_program(lambda slot: self._native.session(slot, limits), source, cases, limits, on_case)
+
     def close(self) -> None:
         """Kill and remove every container of the pool."""
         with self._lock:
@@ -154,6 +164,8 @@ class DockerSandbox:
             idle, self._idle = self._idle, []
         for c in idle:
             self._destroy(c)
+        if self._native is not None:
+            self._native.close()
 
     def __enter__(self) -> "DockerSandbox":
         return self

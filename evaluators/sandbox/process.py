@@ -79,6 +79,12 @@ class ProcessSandbox:
             duration_s=time.monotonic() - start,
         )
 
+    def run_native(self, source: str, cases, limits, on_case=None):
+        """Compile a C++ program once and run it on each case (evaluators/sandbox/native.py)."""
+        from evaluators.sandbox.native import LocalSession, run_program
+
+        return run_program(lambda slot: LocalSession(slot, limits), source, cases, limits, on_case)
+
     def _run_in(
         self, workdir: Path, program: str, entry: str, argument: Any, limits: SandboxLimits, data_dir: Path | None,
         device: str | None = None,
