@@ -17,6 +17,7 @@ _PROBLEMS: dict[str, str] = {
     "circles-32": "evaluators.math.circles:circles_32",
     "ahc039": "evaluators.algorithms.ahc039:PurseSeineProblem",
     "ahc058": "evaluators.algorithms.ahc058:AppleGameProblem",
+    "trimul": "evaluators.kernels.trimul.problem:TriMulProblem",
 }
 
 

@@ -19,6 +19,9 @@ class SandboxLimits:
     cpus: int = 2  # CPU threads offered to numeric libraries
     max_output_bytes: int = 1_000_000  # cap on captured stdout+stderr and on the returned data
     max_processes: int = 64  # process-count limit, where the backend can enforce it
+    # RLIMIT_AS = memory_mb. Off for CUDA programs, which reserve far more address space than they
+    # use; the docker backend's memory limit (a cgroup) still bounds their real memory.
+    limit_address_space: bool = True
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,7 @@ class Sandbox(Protocol):
         argument: Any,
         limits: SandboxLimits,
         data_dir: Path | None = None,
+        device: str | None = None,
     ) -> SandboxResult:
         """Run `program`, call its function `entry(argument)` and return the value as plain data.
 
@@ -49,6 +53,8 @@ class Sandbox(Protocol):
         given, is a host directory the run may read but not write (a problem's inputs: contest
         cases, training counts); the run finds it at the path in the environment variable
         DISCOVER_DATA (`/data` in a container). Nothing the evaluator must keep secret goes there.
+        `device` picks the GPU the run sees: None is the backend's default (a GPU sandbox sees every
+        GPU), "cpu" none, and a GPU index or UUID (evaluators/sandbox/gpus.py) that GPU alone.
         """
         ...
 
