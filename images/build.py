@@ -12,14 +12,18 @@ argument BASE) and offline-packages.txt (the Debian packages its offline base ne
   discover/offline-base:<hash>;
 - auto (default): public when the registry answers, else offline.
 
-An image whose folder has a requirements.txt (fully pinned) gets its Python wheels downloaded on
-the host, whose pip reaches the package index through whatever proxy and certificates the host
-has, into .cache/images/wheels/<name>; the build context is then a copy of the folder with those
-wheels in wheels/, and the Dockerfile installs them without an index (containers here cannot
-verify the proxy's certificate, and an offline machine may have the wheels cached already).
+Each image is tagged discover/<name>:latest and labelled with a content hash of its folder, its
+build arguments and its base image's id; an image whose hash has not changed is not rebuilt.
+A Dockerfile that declares `ARG TORCH_VERSION` / `ARG TRITON_VERSION` gets the versions uv.lock
+pins (the gpu image runs what the project locks). A Dockerfile that copies `host-ca.pem` gets, in
+its build context, the certificate bundle the host's pip trusts (PIP_CERT, else the system bundle):
+on a network whose HTTPS goes through an inspecting proxy, pip inside the build needs it.
 
-Each image is tagged discover/<name>:latest and labelled with a content hash of its folder and
-its base image's id; an image whose hash has not changed is not rebuilt.
+An image whose folder has a requirements.txt (fully pinned: bio) gets its Python wheels downloaded
+by the host's pip, which reaches the package index through the host's proxy and certificates,
+into .cache/images/wheels/<name>, and its build context carries them in wheels/: the Dockerfile
+installs them without an index, so the build itself needs no network.
+
 Needs a Docker engine (and root plus debootstrap for an offline base; installed with apt-get
 when missing and we are root).
 """
@@ -28,12 +32,15 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import io
 import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
+import tomllib
 from pathlib import Path
 
 IMAGES_DIR = Path(__file__).resolve().parent
@@ -43,7 +50,7 @@ REPOSITORY = "discover"
 HASH_LABEL = "discover.content-hash"
 SUITE = "bookworm"
 MIRROR = os.environ.get("DISCOVER_DEBIAN_MIRROR", "http://deb.debian.org/debian")
-DEFAULT_IMAGES = ("python-math", "cpp20", "bio")  # gpu: only when named (needs a registry and a GPU)
+DEFAULT_IMAGES = ("python-math", "cpp20", "bio")  # gpu: only when named (several GB from PyPI)
 WHEEL_PYTHON = "3.11"  # the Python of both bases: python:3.11-slim and Debian bookworm's python3
 # Every manylinux tag up to bookworm's glibc 2.36 (pip does not widen a --platform it is given).
 WHEEL_PLATFORMS = [f"manylinux_2_{minor}_x86_64" for minor in range(36, 4, -1)] + [
@@ -155,8 +162,58 @@ def _default_base(name: str) -> str:
     raise SystemExit(f"images/{name}/Dockerfile has no `ARG BASE=` line")
 
 
+def lock_versions(packages: tuple[str, ...] = ("torch", "triton")) -> dict[str, str]:
+    """The versions uv.lock pins for `packages` (name -> version)."""
+    lock = tomllib.loads((ROOT / "uv.lock").read_text())
+    found = {p["name"]: p["version"] for p in lock.get("package", []) if p["name"] in packages}
+    missing = sorted(set(packages) - set(found))
+    if missing:
+        raise SystemExit(f"uv.lock pins no {', '.join(missing)}; run `make lock`")
+    return found
+
+
+def build_args(name: str) -> dict[str, str]:
+    """Build arguments besides BASE: the locked torch/triton versions where the Dockerfile asks."""
+    text = (IMAGES_DIR / name / "Dockerfile").read_text()
+    args = {}
+    for package, versions in (("torch", "TORCH_VERSION"), ("triton", "TRITON_VERSION")):
+        if f"ARG {versions}" in text:
+            args[versions] = lock_versions((package,))[package]
+    return args
+
+
+def host_ca_bundle() -> bytes:
+    """The certificates the host's pip trusts: PIP_CERT, SSL_CERT_FILE or the system bundle."""
+    for candidate in (os.environ.get("PIP_CERT"), os.environ.get("SSL_CERT_FILE"), "/etc/ssl/certs/ca-certificates.crt"):
+        if candidate and Path(candidate).is_file():
+            return Path(candidate).read_bytes()
+    return b""
+
+
+def build_context(name: str) -> io.BytesIO:
+    """The image's folder as a tar build context, plus its wheels in wheels/ when it has a
+    requirements.txt, plus host-ca.pem when its Dockerfile copies it."""
+    folder = IMAGES_DIR / name
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+            tar.add(path, arcname=str(path.relative_to(folder)))
+        if (folder / "requirements.txt").is_file():
+            for wheel in sorted(download_wheels(name).glob("*.whl")):
+                tar.add(wheel, arcname=f"wheels/{wheel.name}")
+        if "host-ca.pem" in (folder / "Dockerfile").read_text():
+            data = host_ca_bundle()
+            info = tarfile.TarInfo("host-ca.pem")
+            info.size, info.mode = len(data), 0o644
+            tar.addfile(info, io.BytesIO(data))
+    buf.seek(0)
+    return buf
+
+
 def content_hash(name: str, base_id: str) -> str:
     h = hashlib.sha256(base_id.encode())
+    for key, value in sorted(build_args(name).items()):
+        h.update(f"{key}={value}\0".encode())
     folder = IMAGES_DIR / name
     for path in sorted(p for p in folder.rglob("*") if p.is_file()):
         h.update(str(path.relative_to(folder)).encode() + b"\0" + path.read_bytes() + b"\0")
@@ -192,23 +249,6 @@ def download_wheels(name: str) -> Path:
     return dest
 
 
-def _build_context(name: str, tmp: Path) -> Path:
-    """The folder itself, or, with a requirements.txt, a copy of it with the wheels in wheels/."""
-    folder = IMAGES_DIR / name
-    if not (folder / "requirements.txt").is_file():
-        return folder
-    wheels = download_wheels(name)
-    context = tmp / name
-    shutil.copytree(folder, context)
-    (context / "wheels").mkdir(exist_ok=True)
-    for wheel in wheels.glob("*.whl"):
-        try:
-            os.link(wheel, context / "wheels" / wheel.name)
-        except OSError:
-            shutil.copy2(wheel, context / "wheels" / wheel.name)
-    return context
-
-
 def build(client, name: str, base_mode: str, force: bool = False) -> str:
     folder = IMAGES_DIR / name
     if not (folder / "Dockerfile").is_file():
@@ -231,17 +271,16 @@ def build(client, name: str, base_mode: str, force: bool = False) -> str:
     start = time.monotonic()
     import docker
 
-    with tempfile.TemporaryDirectory(prefix="discover-image-") as tmp:
-        context = _build_context(name, Path(tmp))
-        try:
-            _, logs = client.images.build(
-                path=str(context), tag=tag, buildargs={"BASE": base}, pull=False, rm=True, forcerm=True,
-                labels={HASH_LABEL: digest, "discover.image": name, "discover.base": base},
-            )
-        except docker.errors.BuildError as e:
-            for chunk in e.build_log:
-                sys.stdout.write(chunk.get("stream", "") or chunk.get("error", ""))
-            raise SystemExit(f"building {tag} failed: {e.msg}")
+    try:
+        _, logs = client.images.build(
+            fileobj=build_context(name), custom_context=True, tag=tag, buildargs={"BASE": base, **build_args(name)},
+            pull=False, rm=True, forcerm=True,
+            labels={HASH_LABEL: digest, "discover.image": name, "discover.base": base},
+        )
+    except docker.errors.BuildError as e:
+        for chunk in e.build_log:
+            sys.stdout.write(chunk.get("stream", "") or chunk.get("error", ""))
+        raise SystemExit(f"building {tag} failed: {e.msg}")
     for chunk in logs:
         line = chunk.get("stream", "").rstrip("\n")
         if line.strip() and not line.startswith((" ---> ", "Removing intermediate")):
