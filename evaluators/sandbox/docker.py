@@ -316,7 +316,7 @@ class DockerSandbox:
 
     def _key(self, limits: SandboxLimits, data_dir: Path | None, device: str | None = None) -> tuple:
         gpus = ("all" if device is None else "" if device == "cpu" else str(device)) if self.gpu else ""
-        return (int(limits.memory_mb), int(limits.cpus), int(limits.max_processes), str(data_dir or ""), gpus, _tmpfs_mb(limits))
+        return (int(limits.memory_mb), int(limits.cpus), int(limits.max_processes), str(data_dir or ""), _tmpfs_mb(limits), gpus)
 
     def _acquire(self, limits: SandboxLimits, data_dir: Path | None = None, device: str | None = None) -> _Container:
         key = self._key(limits, data_dir, device)
@@ -346,7 +346,7 @@ class DockerSandbox:
     def _create(self, key: tuple) -> _Container:
         import docker
 
-        memory_mb, cpus, max_processes, data_dir, gpus, tmpfs_mb = key
+        memory_mb, cpus, max_processes, data_dir, tmpfs_mb, gpus = key
         mem = f"{memory_mb + tmpfs_mb + HEADROOM_MB}m"
         tmp_opts = "rw,nosuid,nodev,mode=1777,size=%dm" % tmpfs_mb + (",exec" if self.exec_tmp else ",noexec")
         # One GPU per container when a run names its device (two runs are never timed on one GPU);
