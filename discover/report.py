@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from discover.config import load_config
-from discover.run import load_archive
+from discover.run import load_archive, make_problem
 from discover.status import step_rows
 from storage.atomic import atomic_path, atomic_write_text
 from storage.layout import RunLayout
@@ -131,6 +131,16 @@ def per_case_section(run_dir: Path) -> list[str]:
     ]
 
 
+def _problem_section(config, run_dir: Path) -> list[str]:
+    """What the run's problem adds (e.g. denoising: the best program against the baselines)."""
+    archives = sorted((Path(run_dir) / "archive").glob("*.parquet"))
+    if not archives:
+        return []
+    states = sorted(load_archive(archives[-1]).states.values(), key=lambda s: s.reward, reverse=True)
+    fields = ("id", "reward", "step", "is_seed", "code", "construction")
+    return make_problem(config).report_section([{f: getattr(s, f) for f in fields} for s in states])
+
+
 def _reevaluation_section(layout: RunLayout) -> list[str]:
     tables = sorted((layout.root / "reevaluations").glob("*.md"))
     if not tables:
@@ -177,6 +187,7 @@ def write_report(run_dir: Path, out_dir: Path | None = None) -> Path:
         "",
         markdown_table(top),
         *per_case_section(run_dir),
+        *_problem_section(config, run_dir),
         *_reevaluation_section(layout),
     ]
     report = out / "report.md"

@@ -18,6 +18,7 @@ _PROBLEMS: dict[str, str] = {
     "ahc039": "evaluators.algorithms.ahc039:PurseSeineProblem",
     "ahc058": "evaluators.algorithms.ahc058:AppleGameProblem",
     "trimul": "evaluators.kernels.trimul.problem:TriMulProblem",
+    "denoising": "evaluators.bio.denoising.problem:DenoisingProblem",
 }
 
 

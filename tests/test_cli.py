@@ -9,6 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.app import app
+from evaluators.registry import problem_names
 
 runner = CliRunner()
 
@@ -48,8 +49,6 @@ def test_verify_reports_unreadable_input(tmp_path: Path) -> None:
     assert result.exit_code == 2 and "not valid JSON" in result.output
     assert "no such file" in _invoke("verify", "erdos", str(tmp_path / "absent.json")).output
     unknown = _invoke("verify", "nope", str(path))
-    from evaluators.registry import problem_names
-
     assert unknown.exit_code == 2 and "known problems: " + ", ".join(problem_names()) in unknown.output
 
 

@@ -19,6 +19,7 @@ class SandboxLimits:
     cpus: int = 2  # CPU threads offered to numeric libraries
     max_output_bytes: int = 1_000_000  # cap on captured stdout+stderr and on the returned data
     max_processes: int = 64  # process-count limit, where the backend can enforce it
+    max_file_mb: int = 64  # the largest file the candidate may write (RLIMIT_FSIZE), its return value included
     # RLIMIT_AS = memory_mb. Off for CUDA programs, which reserve far more address space than they
     # use; the docker backend's memory limit (a cgroup) still bounds their real memory.
     limit_address_space: bool = True

@@ -53,7 +53,6 @@ from typing import Any
 
 from evaluators.sandbox.base import DATA_ENV, SandboxLimits, SandboxResult
 from evaluators.sandbox.process import (
-    FILE_SIZE_LIMIT_MB,
     HARNESS,
     _compose_logs,
     _failure_reason,
@@ -186,7 +185,7 @@ class DockerSandbox:
             "entry": entry,
             "memory_mb": int(limits.memory_mb),
             "cpu_s": math.ceil(limits.timeout_s * max(1, limits.cpus)) + 5,
-            "fsize_mb": min(FILE_SIZE_LIMIT_MB, TMPFS_MB // 2),
+            "fsize_mb": int(limits.max_file_mb),  # the tmpfs is sized to hold it (_tmpfs_mb)
             # pids_limit bounds the container; RLIMIT_NPROC (per uid, engine-wide) only as a
             # second line, generous because every container's candidate shares RUN_UID.
             "nproc": 4096,
@@ -317,7 +316,7 @@ class DockerSandbox:
 
     def _key(self, limits: SandboxLimits, data_dir: Path | None, device: str | None = None) -> tuple:
         gpus = ("all" if device is None else "" if device == "cpu" else str(device)) if self.gpu else ""
-        return (int(limits.memory_mb), int(limits.cpus), int(limits.max_processes), str(data_dir or ""), gpus)
+        return (int(limits.memory_mb), int(limits.cpus), int(limits.max_processes), str(data_dir or ""), _tmpfs_mb(limits), gpus)
 
     def _acquire(self, limits: SandboxLimits, data_dir: Path | None = None, device: str | None = None) -> _Container:
         key = self._key(limits, data_dir, device)
@@ -347,9 +346,9 @@ class DockerSandbox:
     def _create(self, key: tuple) -> _Container:
         import docker
 
-        memory_mb, cpus, max_processes, data_dir, gpus = key
-        mem = f"{memory_mb + TMPFS_MB + HEADROOM_MB}m"
-        tmp_opts = "rw,nosuid,nodev,mode=1777,size=%dm" % TMPFS_MB + (",exec" if self.exec_tmp else ",noexec")
+        memory_mb, cpus, max_processes, data_dir, tmpfs_mb, gpus = key
+        mem = f"{memory_mb + tmpfs_mb + HEADROOM_MB}m"
+        tmp_opts = "rw,nosuid,nodev,mode=1777,size=%dm" % tmpfs_mb + (",exec" if self.exec_tmp else ",noexec")
         # One GPU per container when a run names its device (two runs are never timed on one GPU);
         # every GPU when it names none; none for "cpu".
         if gpus == "all":
@@ -415,6 +414,11 @@ class DockerSandbox:
             self._api.remove_container(c.id, force=True)
         except Exception:
             pass  # already gone (auto_remove)
+
+
+def _tmpfs_mb(limits: SandboxLimits) -> int:
+    """/tmp's size: TMPFS_MB, or room for two files of the largest size the candidate may write."""
+    return max(TMPFS_MB, 2 * int(limits.max_file_mb) + 64)
 
 
 def _recv_exact(sock, n: int, deadline: float) -> bytes | None:

@@ -45,7 +45,6 @@ from typing import Any, BinaryIO
 from evaluators.sandbox.base import DATA_ENV, SandboxLimits, SandboxResult
 
 HARNESS = Path(__file__).with_name("harness.py")
-FILE_SIZE_LIMIT_MB = 64  # RLIMIT_FSIZE: the largest file the candidate may write
 MARKER_VAR = "DISCOVER_SANDBOX_RUN"  # env marker used to find processes that left the group
 _EXIT_NO_ENTRY, _EXIT_BAD_VALUE = 3, 4  # harness.py's exit codes whose stderr line is the reason
 # Run uids used when we are root: far above any account (and below the 32-bit overflow ids).
@@ -97,7 +96,7 @@ class ProcessSandbox:
             # CPU seconds add up over threads, so allow timeout x cpus; this mainly stops
             # processes that escaped the group from spinning forever.
             "cpu_s": math.ceil(limits.timeout_s * max(1, limits.cpus)) + 5,
-            "fsize_mb": FILE_SIZE_LIMIT_MB,
+            "fsize_mb": int(limits.max_file_mb),
             "nproc": _nproc_limit(limits.max_processes),
             "address_space": bool(limits.limit_address_space),
         }
@@ -397,7 +396,7 @@ def _failure_reason(returncode: int, last_err_line: str, limits: SandboxLimits) 
         if sig == signal.SIGXCPU:
             return f"killed by signal {name}: CPU time limit exceeded"
         if sig == signal.SIGXFSZ:
-            return f"killed by signal {name}: file size limit ({FILE_SIZE_LIMIT_MB} MB) exceeded"
+            return f"killed by signal {name}: file size limit ({limits.max_file_mb} MB) exceeded"
         if sig in (signal.SIGKILL, signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS):
             return f"killed by signal {name} (possibly the memory limit of {limits.memory_mb} MB)"
         return f"killed by signal {name}"
