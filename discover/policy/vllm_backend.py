@@ -1,0 +1,244 @@
+"""The vLLM policy backend: generation on vLLM, training on the resident transformers + peft trainer.
+
+* Generation: the process's engine (`vllm_engine.engine`), the step's LoRA adapter hot-loaded
+  under a fresh id *and* name (vLLM keys its adapter cache by id and its prefix cache by name: a
+  reused one would serve the previous step's adapter), the two-phase completion of
+  `two_phase.py` (phase 1 stops at the thinking marker; the forced text that closes the thinking
+  in the model's chat format goes in as prompt tokens with loss_mask 0; phase 2 continues with
+  the prefix cache reusing prompt + thinking), and the sampler's log-probs of the sampled tokens.
+* Training and saving: `TransformersPolicy` on `model.training_devices` (or `model.device`), its
+  base model resident in this process. With `model.sleep_while_training` the engine sleeps
+  (weights to CPU, KV cache dropped) during the step and wakes for the next generation.
+* Nothing here imports vLLM until something is generated, so initialising a run (a fresh adapter)
+  and training work where vLLM is not installed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from discover.config import ModelConfig, TrainConfig
+from discover.policy import placement, vllm_engine
+from discover.policy.base import Completion, GenerationSettings, TrainBatch
+from discover.policy.chat_format import chat_format_for
+from discover.policy.transformers_backend import TransformersPolicy, resolve_model_path
+from discover.policy.two_phase import PhaseOutput, PhaseRequest, sample_two_phase
+
+log = logging.getLogger("discover")
+
+_ADAPTER_IDS = itertools.count(1)  # process-wide: every adapter load gets an id never used before
+_TOKENIZERS: dict[str, Any] = {}
+
+
+def _tokenizer(path: str):
+    if path not in _TOKENIZERS:
+        from transformers import AutoTokenizer
+
+        _TOKENIZERS[path] = AutoTokenizer.from_pretrained(path)
+    return _TOKENIZERS[path]
+
+
+def sampled_logprobs(logprobs: Any, token_ids: list[int]) -> list[float]:
+    """The log-prob of each sampled token from vLLM's per-position logprobs (dicts or FlatLogprobs)."""
+    if logprobs is None or len(logprobs) != len(token_ids):
+        raise RuntimeError(
+            f"vLLM returned {0 if logprobs is None else len(logprobs)} log-probs for {len(token_ids)} tokens"
+        )
+    if hasattr(logprobs, "start_indices"):  # FlatLogprobs: parallel lists, ranges per position
+        out = []
+        for pos, tok in enumerate(token_ids):
+            for j in range(logprobs.start_indices[pos], logprobs.end_indices[pos]):
+                if logprobs.token_ids[j] == tok:
+                    out.append(float(logprobs.logprobs[j]))
+                    break
+            else:
+                raise RuntimeError(f"vLLM gave no log-prob for the sampled token {tok} at position {pos}")
+        return out
+    return [float(position[tok].logprob) for position, tok in zip(logprobs, token_ids, strict=True)]
+
+
+def phase_output(completion: Any, marker_ids: tuple[int, ...]) -> PhaseOutput:
+    """A vLLM CompletionOutput as a PhaseOutput: tokens, sampler log-probs, why it stopped.
+
+    vLLM reports finish_reason "stop" with stop_reason None for the EOS token, the token id for a
+    stop token (our one-token marker, or another EOS id of the generation config, which vLLM adds
+    to the stop tokens), and the string for a stop string (only the marker is one).
+    """
+    ids = [int(t) for t in completion.token_ids]
+    lps = sampled_logprobs(completion.logprobs, ids)
+    reason, why = completion.finish_reason, completion.stop_reason
+    if reason == "length":
+        stop = "length"
+    elif reason == "stop":
+        if why is None:
+            stop = "eos"
+        elif isinstance(why, str) or int(why) in marker_ids:
+            stop = "marker"
+        else:
+            stop = "eos"
+    else:
+        raise RuntimeError(f"vLLM stopped a generation with finish_reason {reason!r} ({why!r})")
+    return PhaseOutput(ids, lps, stop)
+
+
+def fresh_adapter(adapter_dir: Path) -> dict[str, Any]:
+    """LoRARequest fields under an id and a name never used before in this process.
+
+    vLLM caches adapter weights by id and prefix-cache blocks by name: reusing either for a new
+    step's adapter (even from another path, or the same path rewritten) would serve stale weights.
+    """
+    i = next(_ADAPTER_IDS)
+    return {"lora_name": f"adapter-{i}", "lora_int_id": i, "lora_path": str(adapter_dir)}
+
+
+def request_seeds(seed: int, count: int) -> list[int]:
+    """One 62-bit seed per request (vLLM derives request.n children as seed + index)."""
+    state = np.random.SeedSequence(int(seed) & (2**63 - 1)).generate_state(count, dtype=np.uint64)
+    return [int(s) >> 2 for s in state]
+
+
+class VLLMPhaseEngine:
+    """`two_phase.PhaseEngine` on a vLLM `LLM`, with the step's LoRA adapter (or the base model)."""
+
+    max_context = None  # vLLM itself enforces max_model_len (= sampling.context_tokens)
+
+    def __init__(self, llm: Any, lora_request: Any | None):
+        self.llm = llm
+        self.lora_request = lora_request
+
+    def generate(self, requests: list[PhaseRequest], temperature: float, seed: int) -> list[list[PhaseOutput]]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        prompts = [TokensPrompt(prompt_token_ids=list(r.prompt_ids)) for r in requests]
+        params = [
+            SamplingParams(
+                n=r.n,
+                temperature=temperature,
+                top_p=1.0,
+                top_k=0,
+                min_p=0.0,
+                max_tokens=r.max_tokens,
+                logprobs=0,  # the sampled token's log-prob only
+                seed=s,
+                stop_token_ids=list(r.stop_token_ids) or None,
+                stop=list(r.stop_strings) or None,
+                include_stop_str_in_output=True,
+                skip_special_tokens=False,  # a marker made of special tokens (gpt-oss) must match
+                spaces_between_special_tokens=False,
+                detokenize=bool(r.stop_strings),  # text is only needed to match a stop string
+            )
+            for r, s in zip(requests, request_seeds(seed, len(requests)))
+        ]
+        t0 = time.time()
+        results = self.llm.generate(
+            prompts, params, use_tqdm=sys.stderr.isatty(), lora_request=self.lora_request
+        )
+        by_request = []
+        for r, res in zip(requests, results, strict=True):
+            outs = sorted(res.outputs, key=lambda o: o.index)
+            if len(outs) != r.n:
+                raise RuntimeError(f"vLLM returned {len(outs)} completions for a request of {r.n}")
+            by_request.append([phase_output(o, r.stop_token_ids) for o in outs])
+        tokens = sum(len(o.token_ids) for outs in by_request for o in outs)
+        seconds = time.time() - t0
+        log.info("vLLM: %d sequences, %d tokens in %.1f s (%.0f tokens/s)", sum(r.n for r in requests), tokens, seconds, tokens / max(seconds, 1e-9))
+        return by_request
+
+
+class VLLMPolicy:
+    """Generation on vLLM, training and saving on the resident transformers + peft trainer."""
+
+    def __init__(self, model: ModelConfig, adapter_dir: Path | None = None, seed: int = 0):
+        self.model_config = model
+        self.adapter_dir = Path(adapter_dir) if adapter_dir is not None else None
+        self.seed = seed
+        self.path = resolve_model_path(model.name)
+        self._trainer: TransformersPolicy | None = None
+        self._lora: Any | None = None
+
+    @property
+    def tokenizer(self):
+        return _tokenizer(self.path)
+
+    def engine_spec(self, context_tokens: int) -> vllm_engine.EngineSpec:
+        m = self.model_config
+        return vllm_engine.EngineSpec(
+            model_path=self.path,
+            dtype=m.dtype,
+            devices=tuple(placement.generation_devices(m)),
+            max_model_len=int(context_tokens),
+            memory_fraction=placement.generation_memory_fraction(m),
+            lora_rank=m.lora_rank,
+            sleep_mode=m.sleep_while_training,
+        )
+
+    def lora_request(self) -> Any | None:
+        """The step's adapter under a fresh id and name (None: a new adapter is the base model)."""
+        if self.adapter_dir is None:
+            return None
+        if self._lora is None:
+            from vllm.lora.request import LoRARequest
+
+            self._lora = LoRARequest(**fresh_adapter(self.adapter_dir))
+        return self._lora
+
+    def sample(self, prompts: list[str], n: int, settings: GenerationSettings, seed: int) -> list[list[Completion]]:
+        """`n` completions per prompt through vLLM (SPEC §4), sampler log-probs at the sampling temperature."""
+        tok = self.tokenizer
+        fmt = chat_format_for(tok, settings.think_end)
+        kwargs = self.model_config.chat_template_kwargs
+        rendered = [fmt.render(tok, p, thinking=settings.think_end is not None, **kwargs) for p in prompts]
+        held = vllm_engine.engine(self.engine_spec(settings.context_tokens))
+        lora = self.lora_request()
+        if lora is not None:
+            vllm_engine.use_adapter(held, lora.lora_int_id)
+        return sample_two_phase(
+            VLLMPhaseEngine(held.llm, lora), rendered, n, settings, seed, fmt,
+            encode=lambda s: [int(t) for t in tok.encode(s, add_special_tokens=False)],
+            decode=tok.decode,
+            eos_ids=eos_ids(self.path),
+        )
+
+    def trainer(self) -> TransformersPolicy:
+        """The resident trainer with this step's adapter (loaded on first use)."""
+        if self._trainer is None:
+            self._trainer = TransformersPolicy.load(self.model_config, self.adapter_dir, seed=self.seed)
+        return self._trainer
+
+    def train_step(
+        self, batch: TrainBatch, train: TrainConfig, temperature: float = 1.0, optimizer_state: Path | None = None
+    ) -> dict[str, float]:
+        """One optimizer step on the trainer (SPEC §2); vLLM sleeps meanwhile if so configured."""
+        slept = vllm_engine.sleep_if_held()
+        try:
+            return self.trainer().train_step(batch, train, temperature=temperature, optimizer_state=optimizer_state)
+        finally:
+            import torch
+
+            if slept or torch.cuda.is_available():
+                torch.cuda.empty_cache()  # hand the activations' memory back before vLLM generates again
+
+    def save(self, adapter_dir: Path, optimizer_path: Path | None = None) -> None:
+        self.trainer().save(adapter_dir, optimizer_path)
+
+
+def eos_ids(path: str) -> set[int]:
+    """The tokenizer's EOS and the generation config's EOS ids (vLLM stops at all of them)."""
+    tok = _tokenizer(path)
+    ids = {int(tok.eos_token_id)} if tok.eos_token_id is not None else set()
+    try:
+        from transformers import GenerationConfig
+
+        eos = GenerationConfig.from_pretrained(path).eos_token_id
+    except Exception:  # no generation_config.json: the tokenizer's EOS is the only one
+        eos = None
+    ids |= {int(e) for e in ([eos] if isinstance(eos, int) else eos or [])}
+    return ids
