@@ -59,9 +59,11 @@ def test_pack_by_tokens_respects_the_budget():
     for b in batches:
         cost = len(b) * max(lengths[i] for i in b)
         assert cost <= 32 or len(b) == 1  # only a sequence over the budget stands alone over it
+        assert all(2 * lengths[i] >= max(lengths[j] for j in b) for i in b)  # padding < half the work
     assert [b for b in batches if len(b) == 1 and lengths[b[0]] > 32] == [[5], [1]]
     assert pack_by_tokens(lengths, 32) == batches  # deterministic
-    assert pack_by_tokens(lengths, 10**6) == [sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))]
+    similar = [9, 12, 10, 12, 7]
+    assert pack_by_tokens(similar, 10**6) == [[1, 3, 2, 0, 6 - 2]]  # one micro-batch, longest first
     assert padded_tokens(lengths, batches) <= 32 * len(batches) + 70 + 40
     with pytest.raises(ValueError):
         pack_by_tokens(lengths, 0)
@@ -90,16 +92,35 @@ def test_split_batch_gradient_equals_unsplit(model, rollouts):
         return _grads(policy), stats
 
     split, s1 = grads(budget)
-    whole, s2 = grads(10**9)
     alone, s3 = grads(1)  # every sequence on its own
-    assert s1["micro_batches"] >= 3 and s2["micro_batches"] == 1 and s3["micro_batches"] == len(comps)
-    assert s1["tokens"] == s2["tokens"] == s3["tokens"] == sum(sum(c.loss_mask) for c in comps)
+    whole, loss = _one_pass_gradient(policy, comps, advantages, kl_coef=0.1)  # no split at all
+    assert s1["micro_batches"] >= 3 and s3["micro_batches"] == len(comps)
+    assert s1["tokens"] == s3["tokens"] == sum(sum(c.loss_mask) for c in comps)
     assert any(g.abs().sum() > 0 for g in whole)
     for a, b, c in zip(split, whole, alone, strict=True):
         scale = b.abs().max().clamp(min=1e-12)
         assert torch.allclose(a, b, atol=1e-5 * scale, rtol=1e-4)
         assert torch.allclose(c, b, atol=1e-5 * scale, rtol=1e-4)
-    assert abs(s1["loss"] - s2["loss"]) < 1e-4 * max(1.0, abs(s2["loss"]))
+    assert abs(s1["loss"] - loss) < 1e-4 * max(1.0, abs(loss))
+
+
+def _one_pass_gradient(policy, comps, advantages, kl_coef):
+    """The reference: every rollout in one right-padded pass, the SPEC §2 loss, one backward."""
+    from discover.objectives import kl_shaped_advantages
+
+    model = policy.model
+    model.zero_grad(set_to_none=True)
+    model.train()
+    with torch.no_grad(), model.disable_adapter():
+        lp_b = torch.cat(token_logprobs(model, comps, 1.0, pad_id=0))
+    lp_l = torch.cat(token_logprobs(model, comps, 1.0, pad_id=0))
+    lp_s = torch.tensor([x for c in comps for x in c.sampler_logprobs])
+    mask = torch.tensor([m for c in comps for m in c.loss_mask])
+    adv = torch.tensor([a for c, a in zip(comps, advantages) for _ in c.completion_ids])
+    loss = importance_sampling_loss(lp_l, lp_s, kl_shaped_advantages(adv, lp_s, lp_b, kl_coef), mask)
+    loss.backward()
+    model.eval()
+    return _grads(policy), float(loss.detach())
 
 
 def test_right_padded_logprobs_equal_one_sequence_at_a_time(rollouts):

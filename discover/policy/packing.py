@@ -2,7 +2,8 @@
 
 A micro-batch is a set of sequences laid out as right-padded rows; its cost is rows x longest
 row, the tokens the forward and backward passes actually process. Sequences are taken longest
-first, so the rows of one micro-batch have similar lengths and little padding. The gradient of the
+first, and a row is at least half as long as the longest row of its micro-batch, so padding is
+less than half of what is processed (in practice far less). The gradient of the
 batch is the sum of the micro-batches' gradients (the loss of SPEC §2 is a sum over tokens), so
 the split changes memory and speed, never the update.
 """
@@ -25,7 +26,7 @@ def pack_by_tokens(lengths: Sequence[int], budget: int) -> list[list[int]]:
     current: list[int] = []
     for i in order:
         longest = int(lengths[current[0]]) if current else int(lengths[i])  # sorted: the first is longest
-        if current and (len(current) + 1) * longest > budget:
+        if current and ((len(current) + 1) * longest > budget or 2 * int(lengths[i]) < longest):
             batches.append(current)
             current = []
         current.append(i)
