@@ -68,7 +68,8 @@ class HFDecodeEngine:
             attn[b, width - len(r.prompt) :] = 1
         ids, attn = ids.to(self.device), attn.to(self.device)
         pos = (attn.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True)
+        # logits of the last position only: a (rows x prompt x vocabulary) tensor would not fit a GPU
+        out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True, logits_to_keep=1)
         cache, logits, next_pos = out.past_key_values, out.logits[:, -1, :], pos[:, -1] + 1
         active = list(range(len(rows)))
         while True:

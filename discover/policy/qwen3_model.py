@@ -13,8 +13,8 @@ from a local directory, without a model hub: this module writes one. It has
   `generation_config.json` fields vLLM reads (architectures, dtype, eos ids, max positions).
 
 Shapes: `tiny` (two layers, CPU tests; `DISCOVER_CACHE`-cached as the embedded model
-'tiny-qwen3'), `0.6b` and `8b` (Qwen3-0.6B's and Qwen3-8B's published shapes, for GPU benchmarks:
-build them on the GPU machine, never commit the weights). Command line:
+'tiny-qwen3'), `small` (GPU tests), `0.6b` and `8b` (Qwen3-0.6B's and Qwen3-8B's published shapes,
+for GPU benchmarks: build them on the GPU machine, never commit the weights). Command line:
 
     python -m discover.policy.qwen3_model OUT_DIR --shape 8b --device cuda
 """
@@ -49,6 +49,10 @@ SHAPES: dict[str, dict[str, Any]] = {
     "tiny": dict(
         vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, head_dim=16, max_position_embeddings=8192, initializer_range=0.2,
+    ),
+    "small": dict(  # GPU tests: head_dim 64, which every vLLM attention backend supports
+        vocab_size=4096, hidden_size=512, intermediate_size=1536, num_hidden_layers=4, num_attention_heads=8,
+        num_key_value_heads=4, head_dim=64, max_position_embeddings=16384, initializer_range=0.1,
     ),
     "0.6b": dict(
         vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,

@@ -74,7 +74,9 @@ def token_logprobs(
     counts = [len(c.completion_ids) for c in completions]
     if sum(counts) == 0:
         return [torch.zeros(0, device=device) for _ in completions]
-    hidden = body(input_ids=ids, use_cache=False).last_hidden_state  # (B, W, h), causal, no mask
+    # (B, W, h): causal attention; the mask is all ones (padding sits after every real token of its
+    # row, so it cannot influence one), which keeps the fast causal kernels
+    hidden = body(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).last_hidden_state
     rows = torch.cat([torch.full((n,), b, dtype=torch.long) for b, n in enumerate(counts)])
     # position p predicts token p + 1: the completion of row b starts at len(prompt_b)
     cols = torch.cat([torch.arange(len(c.prompt_ids) - 1, len(c.prompt_ids) - 1 + n) for c, n in zip(completions, counts)])
