@@ -6,7 +6,7 @@ import pytest
 
 from discover.policy.base import GenerationSettings
 from discover.policy.chat_format import ChatFormat
-from discover.policy.two_phase import PhaseOutput, PhaseRequest, sample_two_phase
+from discover.policy.two_phase import PhaseOutput, PhaseRequest, sample_two_phase, stream_two_phase
 
 EOS = 0
 MARK = 9  # the one-token thinking marker "</think>"
@@ -33,35 +33,41 @@ def decode(ids: list[int]) -> str:
 
 
 class Scripted:
-    """Replays, per call, a list of token scripts; stops like an engine would (EOS, marker, limit)."""
+    """An engine that replays token scripts: each poll answers everything submitted since the last
+    one, with the next call's scripts in submission order, stopping like an engine would."""
 
     max_context = None
 
     def __init__(self, *calls: list[list[int]]):
         self.calls = list(calls)
-        self.requests: list[list[PhaseRequest]] = []
+        self.queue: list = []
+        self.requests: list[list[PhaseRequest]] = []  # per poll, in submission order
+        self.seeds: list[int] = []
 
-    def generate(self, requests, temperature, seed):
-        self.requests.append(requests)
+    def submit(self, key, request, temperature, seed):
+        self.queue.append((key, request))
+        self.seeds.append(seed)
+
+    def poll(self):
+        if not self.queue:
+            return []
+        batch, self.queue = self.queue, []
+        self.requests.append([r for _, r in batch])
         scripts = iter(self.calls.pop(0))
         out = []
-        for r in requests:
-            outs = []
-            for _ in range(r.n):
-                script, toks = next(scripts), []
-                stop = "length"
-                for t in script:
-                    toks.append(t)
-                    if t == EOS:
-                        stop = "eos"
-                        break
-                    if t in r.stop_token_ids:
-                        stop = "marker"
-                        break
-                    if len(toks) >= r.max_tokens:
-                        break
-                outs.append(PhaseOutput(toks, [-0.5] * len(toks), stop))
-            out.append(outs)
+        for key, r in batch:
+            script, toks, stop = next(scripts), [], "length"
+            for t in script:
+                toks.append(t)
+                if t == EOS:
+                    stop = "eos"
+                    break
+                if t in r.stop_token_ids:
+                    stop = "marker"
+                    break
+                if len(toks) >= r.max_tokens:
+                    break
+            out.append((key, PhaseOutput(toks, [-0.5] * len(toks), stop)))
         return out
 
 
@@ -82,8 +88,9 @@ def test_marker_eos_and_budget_in_one_group():
         [[3, 3, EOS], [2, 2, 2, 2, 2, 2, 2, 2]],  # phase 2 for the marker and the forced one
     )
     closed, eos, forced = run(engine, [prompt], 3, settings())[0]
-    assert engine.requests[0][0].max_tokens == 6 and engine.requests[0][0].n == 3
-    assert engine.requests[0][0].stop_token_ids == (MARK,) and engine.requests[0][0].stop_strings == ("</think>",)
+    assert [r.max_tokens for r in engine.requests[0]] == [6, 6, 6]
+    assert all(r.stop_token_ids == (MARK,) and r.stop_strings == ("</think>",) for r in engine.requests[0])
+    assert len(set(engine.seeds)) == len(engine.seeds)  # every phase of every completion has its own seed
 
     assert not closed.forced and closed.finish_reason == "stop"
     assert closed.completion_ids == [1, 2, MARK, 3, 3, EOS] and closed.loss_mask == [1] * 6
@@ -126,15 +133,70 @@ def test_prompt_at_the_budget_is_forced_at_once_and_prompt_over_it_is_an_error()
         run(Scripted(), [[1] * 30], 1, settings(context_tokens=30, thinking_budget=30))
 
 
-def test_without_thinking_one_phase_shares_the_prompt():
+def test_without_thinking_there_is_one_phase():
     s = settings(think_end=None, max_answer_tokens=3)
     engine = Scripted([[1, 2, 3, 4], [EOS]])
     a, b = run(engine, [[5, 5]], 2, s)[0]
-    c, = run(Scripted([[2, 2]]), [[5]], 1, s)[0]
-    assert len(engine.requests) == 1 and engine.requests[0][0].n == 2 and engine.requests[0][0].max_tokens == 3
+    (c,) = run(Scripted([[2, 2]]), [[5]], 1, s)[0]
+    assert len(engine.requests) == 1 and [r.max_tokens for r in engine.requests[0]] == [3, 3]
     assert a.completion_ids == [1, 2, 3] and a.finish_reason == "length" and a.answer == a.text == "abc"
     assert b.completion_ids == [EOS] and b.text == "" and b.finish_reason == "stop"
     assert c.answer == "bb"
+
+
+class Staggered:
+    """An engine whose continuations finish in a given order, one per poll (as a running batch does)."""
+
+    max_context = None
+
+    def __init__(self, order, outputs):
+        self.order, self.outputs, self.queue, self.seeds = order, outputs, [], []
+
+    def submit(self, key, request, temperature, seed):
+        self.queue.append(key)
+        self.seeds.append(seed)
+
+    def poll(self):
+        for key in self.order:
+            if key in self.queue:
+                self.queue.remove(key)
+                return [(key, self.outputs[key])]
+        return []
+
+
+def test_answers_start_while_others_still_think_and_completions_stream_out():
+    order = [("think", (0, 1)), ("answer", (0, 1)), ("think", (0, 0)), ("answer", (0, 0))]
+    outputs = {
+        ("think", (0, 1)): PhaseOutput([1] * 6, [-0.5] * 6, "length"),  # ran out: forced, then answers
+        ("answer", (0, 1)): PhaseOutput([3, EOS], [-0.5] * 2, "eos"),
+        ("think", (0, 0)): PhaseOutput([2, MARK], [-0.5] * 2, "marker"),
+        ("answer", (0, 0)): PhaseOutput([3, 3, EOS], [-0.5] * 3, "eos"),
+    }
+    engine = Staggered(order, outputs)
+    stream = stream_two_phase(engine, [[1, 2, 3, 1]], 2, settings(), 5, ChatFormat("plain"), encode, decode, {EOS})
+    i, j, first = next(stream)
+    assert (i, j) == (0, 1) and first.forced and first.answer == "c"
+    assert ("think", (0, 0)) in engine.queue  # the other completion was still thinking: no barrier
+    ((_, _, second),) = list(stream)
+    assert second.answer == "cc" and not second.forced
+    again = Staggered(order, outputs)
+    list(stream_two_phase(again, [[1, 2, 3, 1]], 2, settings(), 5, ChatFormat("plain"), encode, decode, {EOS}))
+    assert again.seeds == engine.seeds and len(set(engine.seeds)) == 4  # one seed per phase, from the call's seed
+
+
+def test_a_consumer_that_stops_early_cancels_the_rest():
+    class Cancellable(Scripted):
+        cancelled = False
+
+        def cancel(self):
+            self.cancelled = True
+            self.queue = []
+
+    engine = Cancellable([[1, EOS], [1, 2]])
+    stream = stream_two_phase(engine, [[1, 2, 3, 1]], 2, settings(), 0, ChatFormat("plain"), encode, decode, {EOS})
+    next(stream)
+    stream.close()
+    assert engine.cancelled and engine.queue == []
 
 
 def test_think_tags_format_closes_the_thinking():

@@ -1,11 +1,13 @@
 """A `PhaseEngine` on a transformers model: batched sampling with a KV cache, one token at a time.
 
 Log-probabilities are under the temperature-scaled distribution the sampler draws from,
-`log_softmax(logits / temperature)`. All randomness comes from one `torch.Generator` seeded with
-the call's `seed`, so the same call gives the same tokens.
+`log_softmax(logits / temperature)`. All randomness comes from one `torch.Generator` per `poll`,
+seeded by the first submitted request, so the same submissions give the same tokens.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 
@@ -29,7 +31,12 @@ class _Row:
 
 
 class HFDecodeEngine:
-    """Continues token prompts with a causal LM (any transformers model with a KV cache)."""
+    """Continues token prompts with a causal LM (any transformers model with a KV cache).
+
+    Submitted requests wait until `poll`, which decodes all of them together (in batches of
+    `MAX_SAMPLE_BATCH`) with one generator seeded by the first request's seed: the same
+    submissions in the same order give the same tokens.
+    """
 
     def __init__(self, model, tokenizer, device: torch.device, eos_ids: set[int], max_context: int | None):
         self.model = model
@@ -37,15 +44,27 @@ class HFDecodeEngine:
         self.device = device
         self.eos_ids = eos_ids
         self.max_context = max_context
+        self._queue: list[tuple[Any, PhaseRequest, float, int]] = []
+
+    def submit(self, key: Any, request: PhaseRequest, temperature: float, seed: int) -> None:
+        self._queue.append((key, request, float(temperature), int(seed)))
+
+    def cancel(self) -> None:
+        self._queue = []
 
     @torch.no_grad()
-    def generate(self, requests: list[PhaseRequest], temperature: float, seed: int) -> list[list[PhaseOutput]]:
-        rows = [[_Row(r) for _ in range(r.n)] for r in requests]
-        flat = [row for group in rows for row in group]
-        gen = torch.Generator(device=self.device).manual_seed(int(seed) % (2**63))
-        for start in range(0, len(flat), MAX_SAMPLE_BATCH):
-            self._decode(flat[start : start + MAX_SAMPLE_BATCH], float(temperature), gen)
-        return [[PhaseOutput(r.tokens, r.logps, r.stop or "length") for r in group] for group in rows]
+    def poll(self) -> list[tuple[Any, PhaseOutput]]:
+        if not self._queue:
+            return []
+        batch, self._queue = self._queue, []
+        temperatures = {t for _, _, t, _ in batch}
+        if len(temperatures) != 1:
+            raise ValueError(f"one temperature per batch, got {sorted(temperatures)}")
+        rows = [_Row(req) for _, req, _, _ in batch]
+        gen = torch.Generator(device=self.device).manual_seed(batch[0][3] % (2**63))
+        for start in range(0, len(rows), MAX_SAMPLE_BATCH):
+            self._decode(rows[start : start + MAX_SAMPLE_BATCH], batch[0][2], gen)
+        return [(key, PhaseOutput(r.tokens, r.logps, r.stop or "length")) for (key, _, _, _), r in zip(batch, rows)]
 
     def _finished(self, row: _Row, token: int) -> bool:
         if token in self.eos_ids:

@@ -21,6 +21,7 @@ import shutil
 import threading
 import uuid
 from pathlib import Path
+from typing import Iterator
 
 import torch
 
@@ -31,7 +32,7 @@ from discover.policy.hf_decode import HFDecodeEngine
 from discover.policy.packing import pack_by_tokens
 from discover.policy.placement import pick_device, training_devices
 from discover.policy.trainer import accumulate_gradients, disable_dropout, token_logprobs
-from discover.policy.two_phase import sample_two_phase
+from discover.policy.two_phase import stream_two_phase
 
 __all__ = ["TransformersPolicy", "pick_device", "resolve_model_path"]
 
@@ -196,15 +197,23 @@ class TransformersPolicy:
 
     # ------------------------------------------------------------------ sampling
 
-    @torch.no_grad()
     def sample(self, prompts: list[str], n: int, settings: GenerationSettings, seed: int) -> list[list[Completion]]:
         """`n` completions per prompt; identical tokens for the same seed (SPEC §4)."""
+        out: list[list[Completion | None]] = [[None] * n for _ in prompts]
+        for i, j, completion in self.sample_stream(prompts, n, settings, seed):
+            out[i][j] = completion
+        return out  # type: ignore[return-value]
+
+    def sample_stream(
+        self, prompts: list[str], n: int, settings: GenerationSettings, seed: int
+    ) -> Iterator[tuple[int, int, Completion]]:
+        """The completions of `sample` as (prompt index, index among its n, completion), as they finish."""
         self.temperature = float(settings.temperature)
         fmt = self.chat_format(settings.think_end)
         rendered = [self.render_prompt(p, settings.think_end) for p in prompts]
         self.model.eval()
         engine = HFDecodeEngine(self.model, self.tokenizer, self.device, self.eos_ids(), self._max_positions())
-        return sample_two_phase(
+        return stream_two_phase(
             engine, rendered, n, settings, seed, fmt, encode=self.encode, decode=self.decode, eos_ids=self.eos_ids()
         )
 

@@ -14,12 +14,16 @@ This module decides everything else, once for all backends:
 * EOS inside phase 1 ends the completion with an empty answer (there was no final message).
 * The EOS token is kept as the last completion token (loss_mask 1: stopping is an action);
   `text` and `answer` never contain it.
+
+Completions are streamed (`stream_two_phase`): each one is yielded as soon as it is finished, and
+a completion's answer phase is submitted as soon as its own thinking ends, so an engine that runs
+requests continuously (vLLM) has no barrier between the phases and evaluation can start early.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Any, Callable, Iterator, Protocol
 
 import numpy as np
 
@@ -29,11 +33,10 @@ from discover.policy.chat_format import ChatFormat
 
 @dataclass(frozen=True)
 class PhaseRequest:
-    """Continue `prompt_ids` `n` times, each for at most `max_tokens` (>= 1) new tokens."""
+    """Continue `prompt_ids` for at most `max_tokens` (>= 1) new tokens."""
 
     prompt_ids: list[int]
     max_tokens: int
-    n: int = 1
     stop_token_ids: tuple[int, ...] = ()  # the thinking marker's token, when it is one (EOS always stops)
     stop_strings: tuple[str, ...] = ()  # the thinking marker, matched in the decoded text
 
@@ -48,12 +51,16 @@ class PhaseOutput:
 
 
 class PhaseEngine(Protocol):
-    """What a backend implements for `sample_two_phase`."""
+    """What a backend implements for `stream_two_phase`."""
 
     max_context: int | None  # hard limit on prompt + completion (learned positions), None: none
 
-    def generate(self, requests: list[PhaseRequest], temperature: float, seed: int) -> list[list[PhaseOutput]]:
-        """`request.n` continuations per request, sampled at `temperature`, deterministic in `seed`."""
+    def submit(self, key: Any, request: PhaseRequest, temperature: float, seed: int) -> None:
+        """Queue one continuation, sampled at `temperature` and deterministic in `seed`."""
+        ...
+
+    def poll(self) -> list[tuple[Any, PhaseOutput]]:
+        """Wait until at least one queued continuation is finished and return those (by key); [] when none is queued."""
         ...
 
 
@@ -109,7 +116,7 @@ def check_prompts(prompts: list[list[int]], settings: GenerationSettings, contex
             )
 
 
-def sample_two_phase(
+def stream_two_phase(
     engine: PhaseEngine,
     prompts: list[list[int]],
     k: int,
@@ -119,105 +126,106 @@ def sample_two_phase(
     encode: Callable[[str], list[int]],
     decode: Callable[[list[int]], str],
     eos_ids: set[int],
-) -> list[list[Completion]]:
-    """`k` completions per prompt (SPEC §4), with per-token sampler log-probs and loss masks."""
+) -> Iterator[tuple[int, int, Completion]]:
+    """`k` completions per prompt (SPEC §4) as (prompt index, index among its k, completion), each
+    as soon as it is finished; deterministic in `seed` for a deterministic engine."""
     if settings.temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {settings.temperature}")
     context = settings.context_tokens
     if engine.max_context is not None:
         context = min(context, int(engine.max_context))
     check_prompts(prompts, settings, context)
-    drafts = [[_Draft(list(p)) for _ in range(k)] for p in prompts]
-    seeds = np.random.SeedSequence(int(seed) & (2**63 - 1)).generate_state(2, dtype=np.uint64)
-    answering: list[_Draft] = [d for group in drafts for d in group]
-    if settings.think_end is not None:
-        answering = _thinking_phase(engine, drafts, settings, context, int(seeds[0]), chat_format, encode)
-    _answer_phase(engine, answering, settings, context, int(seeds[1]))
-    return [[_complete(d, settings, decode, eos_ids) for d in group] for group in drafts]
+    run = _TwoPhase(engine, prompts, k, settings, seed, context, chat_format, encode, decode, eos_ids)
+    return run.stream()
 
 
-def _thinking_phase(
-    engine: PhaseEngine,
-    drafts: list[list[_Draft]],
-    settings: GenerationSettings,
-    context: int,
-    seed: int,
-    chat_format: ChatFormat,
-    encode: Callable[[str], list[int]],
-) -> list[_Draft]:
-    """Phase 1 for every draft; returns the drafts that go on to the answer phase."""
-    assert settings.think_end is not None
-    marker = Marker.of(settings.think_end, encode)
-    forced_ids = encode(chat_format.forced_text(settings.forced_phrase, settings.think_end))
-    limit = min(settings.thinking_budget, context)
-    runnable = [i for i, group in enumerate(drafts) if limit - len(group[0].prompt) > 0]
-    requests = [
-        PhaseRequest(
-            drafts[i][0].prompt, limit - len(drafts[i][0].prompt), n=len(drafts[i]),
-            stop_token_ids=marker.token_ids, stop_strings=marker.strings,
-        )
-        for i in runnable
-    ]
-    outputs = engine.generate(requests, settings.temperature, seed) if requests else []
-    for i, outs in zip(runnable, outputs, strict=True):
-        for d, out in zip(drafts[i], outs, strict=True):
-            d.add(out)
-            if out.stop == "eos":
-                d.answer_start = None
-            elif out.stop == "marker":
-                d.closed_by_marker = True
-    answering = []
-    for group in drafts:
-        for d in group:
-            if d.answer_start is None:
-                continue  # EOS while thinking: no final message
-            if not d.closed_by_marker:  # SPEC §4: the thinking budget ran out; force the answer
-                take = forced_ids[: max(0, context - d.used())]
-                d.tokens += take
-                d.logps += [0.0] * len(take)
-                d.mask += [0] * len(take)
-                d.forced = True
-            answering.append(d)
-    return answering
+class _TwoPhase:
+    """The state of one `stream_two_phase` call: a draft per completion, keyed (prompt, index)."""
 
+    def __init__(self, engine, prompts, k, settings, seed, context, chat_format, encode, decode, eos_ids):
+        self.engine, self.settings, self.context, self.decode, self.eos_ids = engine, settings, context, decode, eos_ids
+        self.keys = [(i, j) for i in range(len(prompts)) for j in range(k)]
+        self.drafts = {key: _Draft(list(prompts[key[0]])) for key in self.keys}
+        state = np.random.SeedSequence(int(seed) & (2**63 - 1)).generate_state(2 * len(self.keys), dtype=np.uint64)
+        self.seeds = {key: (int(state[2 * n]) >> 2, int(state[2 * n + 1]) >> 2) for n, key in enumerate(self.keys)}
+        self.marker: Marker | None = None
+        self.forced_ids: list[int] = []
+        if settings.think_end is not None:
+            self.marker = Marker.of(settings.think_end, encode)
+            self.forced_ids = encode(chat_format.forced_text(settings.forced_phrase, settings.think_end))
 
-def _answer_phase(engine: PhaseEngine, drafts: list[_Draft], settings: GenerationSettings, context: int, seed: int) -> None:
-    """Phase 2: each draft continues from everything so far, up to the answer and context limits."""
-    runnable = []
-    for d in drafts:
-        d.answer_start = len(d.tokens)
-        if min(settings.max_answer_tokens, context - d.used()) <= 0:
-            d.finish = "length"
-        else:
-            runnable.append(d)
-    if not runnable:
-        return
-    requests, owners = _answer_requests(runnable, settings, context)
-    outputs = engine.generate(requests, settings.temperature, seed)
-    for owner, outs in zip(owners, outputs, strict=True):
-        for d, out in zip(owner, outs, strict=True):
-            d.add(out)
+    def stream(self) -> Iterator[tuple[int, int, Completion]]:
+        try:
+            for key in self.keys:
+                yield from self._start(key)
+            while finished := self.engine.poll():
+                for (phase, key), out in finished:
+                    yield from self._finished(phase, key, out)
+        finally:  # a consumer that stops early leaves nothing running in the engine
+            cancel = getattr(self.engine, "cancel", None)
+            if cancel is not None:
+                cancel()
+
+    def _done(self, key) -> Iterator[tuple[int, int, Completion]]:
+        yield key[0], key[1], _complete(self.drafts[key], self.settings, self.decode, self.eos_ids)
+
+    def _start(self, key) -> Iterator[tuple[int, int, Completion]]:
+        d, limit = self.drafts[key], min(self.settings.thinking_budget, self.context)
+        if self.marker is None:
+            yield from self._answer(key)
+        elif limit - len(d.prompt) > 0:  # phase 1: think until the marker, EOS or the budget
+            request = PhaseRequest(d.prompt, limit - len(d.prompt), self.marker.token_ids, self.marker.strings)
+            self.engine.submit(("think", key), request, self.settings.temperature, self.seeds[key][0])
+        else:  # the prompt fills the thinking budget: force at once
+            self._force(key)
+            yield from self._answer(key)
+
+    def _finished(self, phase: str, key, out: PhaseOutput) -> Iterator[tuple[int, int, Completion]]:
+        d = self.drafts[key]
+        d.add(out)
+        if phase == "answer":
             d.finish = "stop" if out.stop == "eos" else "length"
+            yield from self._done(key)
+        elif out.stop == "eos":  # EOS while thinking: no final message
+            d.answer_start = None
+            yield from self._done(key)
+        else:
+            if out.stop == "marker":
+                d.closed_by_marker = True
+            else:
+                self._force(key)
+            yield from self._answer(key)
+
+    def _force(self, key) -> None:
+        """SPEC §4: the thinking budget ran out; append the forced text (loss_mask 0) as far as it fits."""
+        d = self.drafts[key]
+        take = self.forced_ids[: max(0, self.context - d.used())]
+        d.tokens += take
+        d.logps += [0.0] * len(take)
+        d.mask += [0] * len(take)
+        d.forced = True
+
+    def _answer(self, key) -> Iterator[tuple[int, int, Completion]]:
+        """Phase 2 from everything so far; the completion at once if there is no room left for it."""
+        d = self.drafts[key]
+        d.answer_start = len(d.tokens)
+        room = min(self.settings.max_answer_tokens, self.context - d.used())
+        if room <= 0:
+            d.finish = "length"
+            yield from self._done(key)
+        else:
+            request = PhaseRequest(d.prompt + d.tokens, room)
+            self.engine.submit(("answer", key), request, self.settings.temperature, self.seeds[key][1])
 
 
-def _answer_requests(
-    drafts: list[_Draft], settings: GenerationSettings, context: int
-) -> tuple[list[PhaseRequest], list[list[_Draft]]]:
-    """One request per distinct prefix: drafts that have produced nothing yet share their prompt's."""
-    requests, owners = [], []
-    fresh: dict[tuple[int, ...], list[_Draft]] = {}
-    for d in drafts:
-        if not d.tokens:
-            fresh.setdefault(tuple(d.prompt), []).append(d)
-            continue
-        prefix = d.prompt + d.tokens
-        requests.append(PhaseRequest(prefix, min(settings.max_answer_tokens, context - len(prefix))))
-        owners.append([d])
-    for prompt, group in fresh.items():
-        room = min(settings.max_answer_tokens, context - len(prompt))
-        requests.append(PhaseRequest(list(prompt), room, n=len(group)))
-        owners.append(group)
-    return requests, owners
+def sample_two_phase(
+    engine: PhaseEngine, prompts: list[list[int]], k: int, settings: GenerationSettings, seed: int, *args, **kwargs
+) -> list[list[Completion]]:
+    """All completions of `stream_two_phase`, as `k` per prompt in order."""
+    out: list[list[Completion | None]] = [[None] * k for _ in prompts]
+    for i, j, completion in stream_two_phase(engine, prompts, k, settings, seed, *args, **kwargs):
+        out[i][j] = completion
+    return out  # type: ignore[return-value]
 
 
 def _complete(d: _Draft, settings: GenerationSettings, decode: Callable[[list[int]], str], eos_ids: set[int]) -> Completion:

@@ -17,23 +17,21 @@ from __future__ import annotations
 
 import itertools
 import logging
-import sys
 import time
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import Any, Iterator
 
 from discover.config import ModelConfig, TrainConfig
 from discover.policy import placement, vllm_engine
 from discover.policy.base import Completion, GenerationSettings, TrainBatch
 from discover.policy.chat_format import chat_format_for
 from discover.policy.transformers_backend import TransformersPolicy, resolve_model_path
-from discover.policy.two_phase import PhaseOutput, PhaseRequest, sample_two_phase
+from discover.policy.two_phase import PhaseOutput, PhaseRequest, stream_two_phase
 
 log = logging.getLogger("discover")
 
 _ADAPTER_IDS = itertools.count(1)  # process-wide: every adapter load gets an id never used before
+_REQUEST_IDS = itertools.count()
 _TOKENIZERS: dict[str, Any] = {}
 
 
@@ -98,59 +96,70 @@ def fresh_adapter(adapter_dir: Path) -> dict[str, Any]:
     return {"lora_name": f"adapter-{i}", "lora_int_id": i, "lora_path": str(adapter_dir)}
 
 
-def request_seeds(seed: int, count: int) -> list[int]:
-    """One 62-bit seed per request (vLLM derives request.n children as seed + index)."""
-    state = np.random.SeedSequence(int(seed) & (2**63 - 1)).generate_state(count, dtype=np.uint64)
-    return [int(s) >> 2 for s in state]
-
-
 class VLLMPhaseEngine:
-    """`two_phase.PhaseEngine` on a vLLM `LLM`, with the step's LoRA adapter (or the base model)."""
+    """`two_phase.PhaseEngine` on a vLLM engine, with the step's LoRA adapter (or the base model).
+
+    Requests go straight into vLLM's running batch (`LLMEngine.add_request`) and `poll` steps the
+    engine until some finish, so a completion's answer phase joins the batch the moment its
+    thinking ends: no barrier between the phases, and finished completions stream out at once.
+    """
 
     max_context = None  # vLLM itself enforces max_model_len (= sampling.context_tokens)
 
     def __init__(self, llm: Any, lora_request: Any | None):
-        self.llm = llm
+        self.engine = llm.llm_engine
         self.lora_request = lora_request
+        self._pending: dict[str, tuple[Any, tuple[int, ...]]] = {}  # request id -> (key, marker ids)
+        self._tokens = 0
+        self._t0 = time.time()
 
-    def generate(self, requests: list[PhaseRequest], temperature: float, seed: int) -> list[list[PhaseOutput]]:
+    def submit(self, key: Any, request: PhaseRequest, temperature: float, seed: int) -> None:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
 
-        prompts = [TokensPrompt(prompt_token_ids=list(r.prompt_ids)) for r in requests]
-        params = [
-            SamplingParams(
-                n=r.n,
-                temperature=temperature,
-                top_p=1.0,
-                top_k=0,
-                min_p=0.0,
-                max_tokens=r.max_tokens,
-                logprobs=0,  # the sampled token's log-prob only
-                seed=s,
-                stop_token_ids=list(r.stop_token_ids) or None,
-                stop=list(r.stop_strings) or None,
-                include_stop_str_in_output=True,
-                skip_special_tokens=False,  # a marker made of special tokens (gpt-oss) must match
-                spaces_between_special_tokens=False,
-                detokenize=bool(r.stop_strings),  # text is only needed to match a stop string
-            )
-            for r, s in zip(requests, request_seeds(seed, len(requests)))
-        ]
-        t0 = time.time()
-        results = self.llm.generate(
-            prompts, params, use_tqdm=sys.stderr.isatty(), lora_request=self.lora_request
+        params = SamplingParams(
+            n=1,
+            temperature=temperature,
+            top_p=1.0,
+            top_k=0,
+            min_p=0.0,
+            max_tokens=request.max_tokens,
+            logprobs=0,  # the sampled token's log-prob only
+            seed=seed,
+            stop_token_ids=list(request.stop_token_ids) or None,
+            stop=list(request.stop_strings) or None,
+            include_stop_str_in_output=True,
+            skip_special_tokens=False,  # a marker made of special tokens (gpt-oss) must match
+            spaces_between_special_tokens=False,
+            detokenize=bool(request.stop_strings),  # text is only needed to match a stop string
+            output_kind=RequestOutputKind.FINAL_ONLY,
         )
-        by_request = []
-        for r, res in zip(requests, results, strict=True):
-            outs = sorted(res.outputs, key=lambda o: o.index)
-            if len(outs) != r.n:
-                raise RuntimeError(f"vLLM returned {len(outs)} completions for a request of {r.n}")
-            by_request.append([phase_output(o, r.stop_token_ids) for o in outs])
-        tokens = sum(len(o.token_ids) for outs in by_request for o in outs)
-        seconds = time.time() - t0
-        log.info("vLLM: %d sequences, %d tokens in %.1f s (%.0f tokens/s)", sum(r.n for r in requests), tokens, seconds, tokens / max(seconds, 1e-9))
-        return by_request
+        rid = f"discover-{next(_REQUEST_IDS)}"
+        self.engine.add_request(rid, TokensPrompt(prompt_token_ids=list(request.prompt_ids)), params, lora_request=self.lora_request)
+        self._pending[rid] = (key, request.stop_token_ids)
+
+    def poll(self) -> list[tuple[Any, PhaseOutput]]:
+        done = []
+        while self._pending and not done:
+            for out in self.engine.step():
+                if out.finished and out.request_id in self._pending:
+                    key, markers = self._pending.pop(out.request_id)
+                    (completion,) = out.outputs
+                    done.append((key, phase_output(completion, markers)))
+                    self._tokens += len(completion.token_ids)
+        if self._pending and not self.engine.has_unfinished_requests():
+            raise RuntimeError(f"vLLM has no work left but {len(self._pending)} requests never finished")
+        if not self._pending and done:
+            seconds = time.time() - self._t0
+            log.info("vLLM: %d tokens in %.1f s (%.0f tokens/s)", self._tokens, seconds, self._tokens / max(seconds, 1e-9))
+        return done
+
+    def cancel(self) -> None:
+        """Abort what is still running (a consumer stopped early), so the next call starts clean."""
+        if self._pending:
+            self.engine.abort_request(list(self._pending))
+            self._pending.clear()
 
 
 class VLLMPolicy:
@@ -192,6 +201,15 @@ class VLLMPolicy:
 
     def sample(self, prompts: list[str], n: int, settings: GenerationSettings, seed: int) -> list[list[Completion]]:
         """`n` completions per prompt through vLLM (SPEC §4), sampler log-probs at the sampling temperature."""
+        out: list[list[Completion | None]] = [[None] * n for _ in prompts]
+        for i, j, completion in self.sample_stream(prompts, n, settings, seed):
+            out[i][j] = completion
+        return out  # type: ignore[return-value]
+
+    def sample_stream(
+        self, prompts: list[str], n: int, settings: GenerationSettings, seed: int
+    ) -> Iterator[tuple[int, int, Completion]]:
+        """The completions of `sample` as (prompt index, index among its n, completion), each as it finishes."""
         tok = self.tokenizer
         fmt = chat_format_for(tok, settings.think_end)
         kwargs = self.model_config.chat_template_kwargs
@@ -200,7 +218,7 @@ class VLLMPolicy:
         lora = self.lora_request()
         if lora is not None:
             vllm_engine.use_adapter(held, lora.lora_int_id)
-        return sample_two_phase(
+        return stream_two_phase(
             VLLMPhaseEngine(held.llm, lora), rendered, n, settings, seed, fmt,
             encode=lambda s: [int(t) for t in tok.encode(s, add_special_tokens=False)],
             decode=tok.decode,
