@@ -180,3 +180,64 @@ def test_switching_adapters_drops_the_stale_ones():
     assert calls == []
     vllm_engine.use_adapter(held, 2)
     assert calls == [("remove", 1), ("reset",)] and held.lora_ids == {2}
+
+
+@pytest.mark.skipif(not HAS_VLLM, reason="the gpu extra (vllm) is not installed")
+def test_phase_engine_drives_vllms_engine_loop():
+    """VLLMPhaseEngine against a stand-in for LLMEngine that finishes one request per step,
+    with vLLM's own SamplingParams, RequestOutputKind and output types."""
+    from vllm.logprobs import FlatLogprobs, Logprob
+    from vllm.outputs import CompletionOutput
+    from vllm.sampling_params import RequestOutputKind
+
+    from discover.policy.base import GenerationSettings
+    from discover.policy.chat_format import ChatFormat
+    from discover.policy.two_phase import sample_two_phase
+    from discover.policy.vllm_backend import VLLMPhaseEngine
+
+    class Engine:
+        def __init__(self):
+            self.queue, self.added, self.aborted = [], [], []
+
+        def add_request(self, rid, prompt, params, lora_request=None):
+            self.queue.append((rid, prompt, params))
+            self.added.append((rid, prompt, params, lora_request))
+
+        def has_unfinished_requests(self):
+            return bool(self.queue)
+
+        def step(self):
+            rid, prompt, params = self.queue.pop(0)
+            marker = bool(params.stop_token_ids) and len(prompt["prompt_token_ids"]) % 2 == 0
+            ids = [5] * (params.max_tokens - 1) + [params.stop_token_ids[0] if marker else 6]
+            flat = FlatLogprobs()
+            for t in ids:
+                flat.append({t: Logprob(logprob=-1.0)})
+            done = CompletionOutput(
+                index=0, text="", token_ids=ids, cumulative_logprob=None, logprobs=flat,
+                finish_reason="stop" if marker else "length", stop_reason=ids[-1] if marker else None,
+            )
+            return [SimpleNamespace(request_id=rid, finished=True, outputs=[done])]
+
+        def abort_request(self, ids):
+            self.aborted += ids
+
+    engine = Engine()
+    phase = VLLMPhaseEngine(SimpleNamespace(llm_engine=engine), "LORA")
+    vocab = {5: "a", 6: "b", 9: "</think>", 4: "!"}
+    encode = lambda s: {"</think>": [9], "!</think>": [4, 9]}[s]  # noqa: E731
+    decode = lambda ids: "".join(vocab[i] for i in ids)  # noqa: E731
+    settings = GenerationSettings(context_tokens=64, thinking_budget=8, max_answer_tokens=3, think_end="</think>", forced_phrase="!")
+    (group,) = sample_two_phase(phase, [[1, 2, 3]], 2, settings, 0, ChatFormat("plain"), encode, decode, {0})
+    thinking = [p for _, _, p, _ in engine.added[:2]]
+    assert all(p.n == 1 and p.logprobs == 0 and p.top_k == 0 and p.top_p == 1.0 and p.temperature == 1.0 for p in thinking)
+    assert all(p.stop_token_ids == [9] and p.stop == ["</think>"] and p.detokenize and not p.skip_special_tokens for p in thinking)
+    assert all(p.output_kind == RequestOutputKind.FINAL_ONLY and p.max_tokens == 5 for p in thinking)
+    assert thinking[0].seed != thinking[1].seed
+    answers = [p for _, _, p, _ in engine.added[2:]]
+    assert len(answers) == 2 and all(not p.stop_token_ids and not p.stop and not p.detokenize and p.max_tokens == 3 for p in answers)
+    assert all(lora == "LORA" for *_, lora in engine.added)
+    for c in group:  # prompt of 3 tokens: odd, so thinking ran out and was forced
+        assert c.forced and c.completion_ids == [5, 5, 5, 5, 6, 4, 9, 5, 5, 6] and c.loss_mask == [1] * 5 + [0, 0] + [1] * 3
+        assert c.sampler_logprobs == [-1.0] * 5 + [0.0, 0.0] + [-1.0] * 3
+    assert engine.aborted == []

@@ -3,9 +3,11 @@
 * Generation: the process's engine (`vllm_engine.engine`), the step's LoRA adapter hot-loaded
   under a fresh id *and* name (vLLM keys its adapter cache by id and its prefix cache by name: a
   reused one would serve the previous step's adapter), the two-phase completion of
-  `two_phase.py` (phase 1 stops at the thinking marker; the forced text that closes the thinking
-  in the model's chat format goes in as prompt tokens with loss_mask 0; phase 2 continues with
-  the prefix cache reusing prompt + thinking), and the sampler's log-probs of the sampled tokens.
+  `two_phase.py` run continuously (phase 1 stops at the thinking marker; the forced text that
+  closes the thinking in the model's chat format goes in as prompt tokens with loss_mask 0; the
+  answer phase joins the running batch the moment its thinking ends, the prefix cache reusing
+  prompt + thinking; finished completions stream out), and the sampler's log-probs of the
+  sampled tokens.
 * Training and saving: `TransformersPolicy` on `model.training_devices` (or `model.device`), its
   base model resident in this process. With `model.sleep_while_training` the engine sleeps
   (weights to CPU, KV cache dropped) during the step and wakes for the next generation.
@@ -142,14 +144,14 @@ class VLLMPhaseEngine:
     def poll(self) -> list[tuple[Any, PhaseOutput]]:
         done = []
         while self._pending and not done:
+            if not self.engine.has_unfinished_requests():
+                raise RuntimeError(f"vLLM has no work left but {len(self._pending)} requests never finished")
             for out in self.engine.step():
                 if out.finished and out.request_id in self._pending:
                     key, markers = self._pending.pop(out.request_id)
                     (completion,) = out.outputs
                     done.append((key, phase_output(completion, markers)))
                     self._tokens += len(completion.token_ids)
-        if self._pending and not self.engine.has_unfinished_requests():
-            raise RuntimeError(f"vLLM has no work left but {len(self._pending)} requests never finished")
         if not self._pending and done:
             seconds = time.time() - self._t0
             log.info("vLLM: %d tokens in %.1f s (%.0f tokens/s)", self._tokens, seconds, self._tokens / max(seconds, 1e-9))
