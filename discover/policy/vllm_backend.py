@@ -117,7 +117,7 @@ class VLLMPhaseEngine:
 
     def submit(self, key: Any, request: PhaseRequest, temperature: float, seed: int) -> None:
         from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
+        from vllm.inputs.engine import tokens_input
         from vllm.sampling_params import RequestOutputKind
 
         params = SamplingParams(
@@ -138,7 +138,8 @@ class VLLMPhaseEngine:
             output_kind=RequestOutputKind.FINAL_ONLY,
         )
         rid = f"discover-{next(_REQUEST_IDS)}"
-        self.engine.add_request(rid, TokensPrompt(prompt_token_ids=list(request.prompt_ids)), params, lora_request=self.lora_request)
+        # an engine input of token ids (vLLM 0.20's rendered form: nothing to tokenize)
+        self.engine.add_request(rid, tokens_input(list(request.prompt_ids)), params, lora_request=self.lora_request)
         self._pending[rid] = (key, request.stop_token_ids)
 
     def poll(self) -> list[tuple[Any, PhaseOutput]]:
