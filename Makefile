@@ -26,7 +26,7 @@ demo: setup
 	$(VENV)/bin/discover status runs/toy
 
 # Evaluator images (images/): `make images` builds python-math, cpp20 and bio (gpu: add
-# IMAGES=gpu with a registry); the base is public when a registry answers, else the offline
+# IMAGES=gpu, several GB from PyPI); the base is public when a registry answers, else the offline
 # Debian base bootstrapped here (cached in .cache/images). Unchanged images are skipped.
 IMAGES ?=
 images: setup

@@ -27,7 +27,7 @@ class EvalResult:
     valid: bool
     reason: str = ""  # empty when valid; otherwise why the candidate was rejected
     construction: Any = None  # plain JSON-able data: the child state's construction, if any
-    metrics: dict[str, float] = field(default_factory=dict)  # e.g. {"bound": 0.3809}
+    metrics: dict[str, Any] = field(default_factory=dict)  # JSON data: {"bound": 0.3809}; per-case lists for AHC
     logs: str = ""  # tail of the candidate's stdout/stderr
 
     @staticmethod

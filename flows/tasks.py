@@ -40,9 +40,10 @@ def _retry_infrastructure_only(task: Any, task_run: Any, state: Any) -> bool:
 
 
 def _gpu_slots(run: Run, name: str) -> ContextManager[Any]:
-    """Slots of the pool's GPU limit for an evaluate task whose problem needs a GPU; else nothing."""
+    """Slots of the pool's GPU limit for a task that evaluates (evaluate, and initialise, which scores
+    program seeds) when the problem needs a GPU; else nothing."""
     limit = os.environ.get(GPU_LIMIT_ENV)
-    if name != "evaluate" or not limit or not run.problem().needs_gpu:
+    if name not in ("evaluate", "initialise") or not limit or not run.problem().needs_gpu:
         return nullcontext()
     from prefect.concurrency.sync import concurrency
 
@@ -98,4 +99,5 @@ def train(run_dir: str, step: int) -> dict[str, str]:
 @task(name="initialise", retries=1, retry_delay_seconds=10, retry_condition_fn=_retry_infrastructure_only)
 def initialise(run_dir: str) -> dict[str, Any]:
     """The run's seeds and initial adapter, each written once (idempotent; runs on every resume)."""
-    return steps.initialise(Path(run_dir))
+    with _gpu_slots(Run.open(Path(run_dir)), "initialise"):
+        return steps.initialise(Path(run_dir))

@@ -12,8 +12,12 @@ argument BASE) and offline-packages.txt (the Debian packages its offline base ne
   discover/offline-base:<hash>;
 - auto (default): public when the registry answers, else offline.
 
-Each image is tagged discover/<name>:latest and labelled with a content hash of its folder and
-its base image's id; an image whose hash has not changed is not rebuilt.
+Each image is tagged discover/<name>:latest and labelled with a content hash of its folder, its
+build arguments and its base image's id; an image whose hash has not changed is not rebuilt.
+A Dockerfile that declares `ARG TORCH_VERSION` / `ARG TRITON_VERSION` gets the versions uv.lock
+pins (the gpu image runs what the project locks). A Dockerfile that copies `host-ca.pem` gets, in
+its build context, the certificate bundle the host's pip trusts (PIP_CERT, else the system bundle):
+on a network whose HTTPS goes through an inspecting proxy, pip inside the build needs it.
 Needs a Docker engine (and root plus debootstrap for an offline base; installed with apt-get
 when missing and we are root).
 """
@@ -22,12 +26,15 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import io
 import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
+import tomllib
 from pathlib import Path
 
 IMAGES_DIR = Path(__file__).resolve().parent
@@ -37,7 +44,7 @@ REPOSITORY = "discover"
 HASH_LABEL = "discover.content-hash"
 SUITE = "bookworm"
 MIRROR = os.environ.get("DISCOVER_DEBIAN_MIRROR", "http://deb.debian.org/debian")
-DEFAULT_IMAGES = ("python-math", "cpp20", "bio")  # gpu: only when named (needs a registry and a GPU)
+DEFAULT_IMAGES = ("python-math", "cpp20", "bio")  # gpu: only when named (several GB from PyPI)
 OFFLINE_ENV = ("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8")
 
 
@@ -144,8 +151,54 @@ def _default_base(name: str) -> str:
     raise SystemExit(f"images/{name}/Dockerfile has no `ARG BASE=` line")
 
 
+def lock_versions(packages: tuple[str, ...] = ("torch", "triton")) -> dict[str, str]:
+    """The versions uv.lock pins for `packages` (name -> version)."""
+    lock = tomllib.loads((ROOT / "uv.lock").read_text())
+    found = {p["name"]: p["version"] for p in lock.get("package", []) if p["name"] in packages}
+    missing = sorted(set(packages) - set(found))
+    if missing:
+        raise SystemExit(f"uv.lock pins no {', '.join(missing)}; run `make lock`")
+    return found
+
+
+def build_args(name: str) -> dict[str, str]:
+    """Build arguments besides BASE: the locked torch/triton versions where the Dockerfile asks."""
+    text = (IMAGES_DIR / name / "Dockerfile").read_text()
+    args = {}
+    for package, versions in (("torch", "TORCH_VERSION"), ("triton", "TRITON_VERSION")):
+        if f"ARG {versions}" in text:
+            args[versions] = lock_versions((package,))[package]
+    return args
+
+
+def host_ca_bundle() -> bytes:
+    """The certificates the host's pip trusts: PIP_CERT, SSL_CERT_FILE or the system bundle."""
+    for candidate in (os.environ.get("PIP_CERT"), os.environ.get("SSL_CERT_FILE"), "/etc/ssl/certs/ca-certificates.crt"):
+        if candidate and Path(candidate).is_file():
+            return Path(candidate).read_bytes()
+    return b""
+
+
+def build_context(name: str) -> io.BytesIO:
+    """The image's folder as a tar build context, plus host-ca.pem when its Dockerfile copies it."""
+    folder = IMAGES_DIR / name
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+            tar.add(path, arcname=str(path.relative_to(folder)))
+        if "host-ca.pem" in (folder / "Dockerfile").read_text():
+            data = host_ca_bundle()
+            info = tarfile.TarInfo("host-ca.pem")
+            info.size, info.mode = len(data), 0o644
+            tar.addfile(info, io.BytesIO(data))
+    buf.seek(0)
+    return buf
+
+
 def content_hash(name: str, base_id: str) -> str:
     h = hashlib.sha256(base_id.encode())
+    for key, value in sorted(build_args(name).items()):
+        h.update(f"{key}={value}\0".encode())
     folder = IMAGES_DIR / name
     for path in sorted(p for p in folder.rglob("*") if p.is_file()):
         h.update(str(path.relative_to(folder)).encode() + b"\0" + path.read_bytes() + b"\0")
@@ -176,7 +229,8 @@ def build(client, name: str, base_mode: str, force: bool = False) -> str:
 
     try:
         _, logs = client.images.build(
-            path=str(folder), tag=tag, buildargs={"BASE": base}, pull=False, rm=True, forcerm=True,
+            fileobj=build_context(name), custom_context=True, tag=tag, buildargs={"BASE": base, **build_args(name)},
+            pull=False, rm=True, forcerm=True,
             labels={HASH_LABEL: digest, "discover.image": name, "discover.base": base},
         )
     except docker.errors.BuildError as e:

@@ -18,8 +18,8 @@ def _invoke(*args: str):
 
 
 @pytest.mark.parametrize("name", ["haugland_2016.json", "alphaevolve_v2.json", "ttt_discover.json"])
-def test_verify_erdos_reproduces_the_published_bounds(reference_dir: Path, name: str) -> None:
-    path = reference_dir / "math" / "erdos" / name
+def test_verify_erdos_reproduces_the_published_bounds(published: Path, name: str) -> None:
+    path = published / "erdos" / name
     result = _invoke("verify", "erdos", str(path), "--json")
     assert result.exit_code == 0, result.output
     out = json.loads(result.output)
@@ -48,7 +48,9 @@ def test_verify_reports_unreadable_input(tmp_path: Path) -> None:
     assert result.exit_code == 2 and "not valid JSON" in result.output
     assert "no such file" in _invoke("verify", "erdos", str(tmp_path / "absent.json")).output
     unknown = _invoke("verify", "nope", str(path))
-    assert unknown.exit_code == 2 and "known problems: ac1, ac2, circles-26, circles-32, erdos, toy" in unknown.output
+    from evaluators.registry import problem_names
+
+    assert unknown.exit_code == 2 and "known problems: " + ", ".join(problem_names()) in unknown.output
 
 
 def test_evaluate_scores_a_program_in_the_sandbox(tmp_path: Path) -> None:
