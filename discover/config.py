@@ -18,6 +18,7 @@ Objective = Literal["entropic-adaptive", "entropic-constant", "expected", "none"
 SandboxBackend = Literal["auto", "process", "docker"]
 
 EMBEDDED_MODEL = "tiny"  # the tiny model the project builds offline (discover/policy/tiny_model.py)
+EMBEDDED_MODELS = (EMBEDDED_MODEL, "tiny-qwen3")  # and a Qwen3-architecture one (discover/policy/qwen3_model.py)
 
 
 class ConfigError(ValueError):
@@ -29,15 +30,40 @@ class _Section(BaseModel):
 
 
 class ModelConfig(_Section):
-    """The policy: which model, and its LoRA adapter."""
+    """The policy: which model, its LoRA adapter, and where generation and training run."""
 
-    name: str = Field(EMBEDDED_MODEL, description="local path, hub id, or 'tiny' (built offline)")
-    backend: Literal["transformers"] = Field("transformers", description="policy backend (discover/policy/)")
+    name: str = Field(EMBEDDED_MODEL, description="local path, hub id, 'tiny' (GPT-2) or 'tiny-qwen3' (Qwen3 architecture), both built offline")
+    backend: Literal["transformers", "vllm"] = Field("transformers", description="policy backend: 'transformers' (CPU or GPU) or 'vllm' (GPU generation; needs the gpu extra)")
     lora_rank: int = Field(32, ge=1, description="LoRA rank (Table 9: 32)")
     lora_alpha: float | None = Field(None, gt=0, description="LoRA alpha; default: equal to the rank")
     target_modules: list[str] | str = Field("all-linear", description="modules that get LoRA")
-    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="weights dtype")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="weights dtype (bfloat16 on GPUs)")
     device: str = Field("auto", description="'auto' (cuda if present, else cpu), 'cpu' or 'cuda:N'")
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict, description="extra chat-template arguments, e.g. {reasoning_effort: high} for gpt-oss")
+    micro_batch_tokens: int = Field(32768, ge=1, description="padded tokens per forward/backward pass of the trainer (memory only)")
+    gradient_checkpointing: bool = Field(True, description="recompute layer activations in the backward pass (less memory, ~30% more compute)")
+    generation_devices: list[int] | None = Field(None, description="vllm: CUDA devices that generate (tensor parallel over them); null: model.device")
+    training_devices: list[int] | None = Field(None, description="CUDA devices of the trainer (several: layers split across them); null: model.device")
+    generation_memory_fraction: float | None = Field(None, gt=0, le=1, description="vllm: share of each generation GPU for vLLM; null: 0.45 if it shares a GPU with the trainer, else 0.9")
+    sleep_while_training: bool = Field(False, description="vllm: free vLLM's GPU memory while training (off until shown identical on your GPU)")
+
+    @field_validator("generation_devices", "training_devices")
+    @classmethod
+    def _devices(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and (not v or any(i < 0 for i in v) or len(set(v)) != len(v)):
+            raise ValueError(f"a list of distinct CUDA device indices (>= 0) is needed, got {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _placement_fits_backend(self) -> "ModelConfig":
+        if self.backend == "vllm" and self.device == "cpu":
+            raise ValueError("the vllm backend generates on CUDA GPUs; set model.device to 'auto' or 'cuda:N', or use backend: transformers")
+        if self.backend == "transformers":
+            vllm_only = [f for f in ("generation_devices", "generation_memory_fraction") if getattr(self, f) is not None]
+            vllm_only += ["sleep_while_training"] if self.sleep_while_training else []
+            if vllm_only:
+                raise ValueError(f"{', '.join('model.' + f for f in vllm_only)} only apply to backend: vllm (the transformers backend generates where it trains)")
+        return self
 
 
 class TrainConfig(_Section):
@@ -50,7 +76,7 @@ class TrainConfig(_Section):
     kl_coef: float = Field(0.1, ge=0, description="KL penalty to the base model (0.01 for algorithms)")
     gamma: float = Field(math.log(2), gt=0, description="KL budget of the adaptive beta (ln 2)")
     constant_beta: float = Field(2.0, gt=0, description="beta of the entropic-constant objective")
-    micro_batch: int = Field(16, ge=1, description="rollouts per forward/backward pass (memory only)")
+    importance_ratio_cap: float | None = Field(None, ge=1, description="cap on exp(logp_learner - logp_sampler) per token (truncated IS); null: none")
 
     @field_validator("adam_betas")
     @classmethod

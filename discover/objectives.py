@@ -154,13 +154,21 @@ def importance_sampling_loss(
     logp_sampler: torch.Tensor,
     token_advantages: torch.Tensor,
     mask: torch.Tensor,
+    ratio_cap: float | None = None,
 ) -> torch.Tensor:
-    """Scalar loss -sum(exp(logp_learner - logp_sampler) * A_token * mask); grads via logp_learner only."""
+    """Scalar loss -sum(exp(logp_learner - logp_sampler) * A_token * mask); grads via logp_learner only.
+
+    `ratio_cap` truncates the importance weight (truncated importance sampling): a token whose
+    ratio exceeds the cap is weighted by the cap, its gradient direction (grad log pi) kept.
+    """
     keep = mask.to(torch.bool)
     diff = logp_learner - logp_sampler.detach()
     # masked tokens get exactly zero (and zero gradient) even if their log-probs are -inf/nan
     diff = torch.where(keep, diff, torch.zeros_like(diff))
     ratio = torch.exp(diff)
+    if ratio_cap is not None:  # truncated IS: weight min(ratio, cap), gradient min(ratio, cap) * grad log pi
+        r = ratio.detach()
+        ratio = ratio * torch.where(r > ratio_cap, ratio_cap / r, torch.ones_like(r))
     weight = mask.to(logp_learner.dtype) * token_advantages.detach().to(logp_learner.dtype)
     weight = torch.where(keep, weight, torch.zeros_like(weight))
     return -(ratio * weight).sum()  # SPEC §2: importance-sampling policy gradient loss

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from discover.config import EMBEDDED_MODEL, RunConfig
+from discover.config import EMBEDDED_MODEL, EMBEDDED_MODELS, ModelConfig, RunConfig
 
 
 class PreflightError(ValueError):
@@ -18,8 +18,8 @@ class PreflightError(ValueError):
 
 
 def check_model_name(name: str) -> None:
-    """The embedded model, an existing local directory, or a well-formed hub id ("org/name")."""
-    if name == EMBEDDED_MODEL:
+    """An embedded model, an existing local directory, or a well-formed hub id ("org/name")."""
+    if name in EMBEDDED_MODELS:
         return
     path = Path(name).expanduser()
     if path.is_dir():
@@ -39,11 +39,29 @@ def check_model_name(name: str) -> None:
     )
 
 
+def check_model_backend(model: ModelConfig) -> None:
+    """The vllm backend needs the vllm package and a CUDA GPU where the run executes."""
+    if model.backend != "vllm":
+        return
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        raise PreflightError(
+            "model.backend 'vllm' needs the gpu extra (`uv sync --extra gpu`, Linux x86_64 with CUDA); "
+            "or set model.backend: transformers"
+        )
+    import torch
+
+    if not torch.cuda.is_available():
+        raise PreflightError("model.backend 'vllm' needs a CUDA GPU and none is visible here; run on a GPU worker or set model.backend: transformers")
+
+
 def preflight(config: RunConfig) -> None:
     """Raise PreflightError (one line) for anything in `config` that cannot work here."""
     from evaluators.registry import get_problem
 
     check_model_name(config.model.name)
+    check_model_backend(config.model)
     try:
         problem = get_problem(config.problem, **config.problem_options)
     except KeyError as err:

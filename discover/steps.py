@@ -243,7 +243,10 @@ def train(run_dir: Path, step: int) -> Ref:
     stats["seconds"] = time.time() - t0
     atomic_write_json(run.layout.train_stats(step), stats)
     beta = f"{stats['beta_mean']:.3g}" if stats["beta_mean"] is not None else "n/a"
-    log.info("step %d train: loss %s, beta %s, %d groups with signal", step, f"{stats.get('loss', float('nan')):.4g}", beta, stats["groups_with_signal"])
+    log.info(
+        "step %d train: loss %s, beta %s, %d groups with signal, sampler/learner log-prob gap %s", step,
+        f"{stats.get('loss', float('nan')):.4g}", beta, stats["groups_with_signal"], f"{stats.get('logprob_gap', float('nan')):.3g}",
+    )
     return run.ref(dst)
 
 

@@ -46,7 +46,7 @@ def samples():
 
 
 def _train_cfg(**kw) -> TrainConfig:
-    base = dict(learning_rate=1e-2, kl_coef=0.0, micro_batch=3)
+    base = dict(learning_rate=1e-2, kl_coef=0.0, )
     base.update(kw)
     return TrainConfig(**base)
 
@@ -162,7 +162,8 @@ def test_forced_phrase_when_thinking_budget_runs_out():
     settings = GenerationSettings(
         context_tokens=2048, thinking_budget=prompt_len + think, max_answer_tokens=7, think_end=MARKER
     )
-    phrase = policy.tokenizer.encode(settings.forced_phrase, add_special_tokens=False)
+    # the plain format (no chat template) closes the thinking with the configured marker (SPEC §5a)
+    phrase = policy.tokenizer.encode(settings.forced_phrase + MARKER, add_special_tokens=False)
     comps = policy.sample([PROMPT], 6, settings, seed=2)[0]
     for c in comps:
         assert c.forced
@@ -172,7 +173,7 @@ def test_forced_phrase_when_thinking_budget_runs_out():
         assert c.loss_mask == [1] * think + [0] * len(phrase) + [1] * (n - think - len(phrase))
         assert all(lp == 0.0 for lp in c.sampler_logprobs[think : think + len(phrase)])
         assert all(lp < 0.0 for lp in c.sampler_logprobs[:think])
-        assert settings.forced_phrase in c.text
+        assert settings.forced_phrase + MARKER in c.text
         body = c.completion_ids[think + len(phrase) :]
         if c.finish_reason == "stop":
             body = body[:-1]
@@ -250,7 +251,7 @@ def test_save_load_round_trip_and_base_logprobs(tmp_path, samples):
     fresh = _load(seed=5)
     comps = samples[:5]
     base_before = _lp(policy, comps, with_adapter=False)
-    policy.train_step(TrainBatch(comps, [1.0, -1.0, 0.5, 0.0, -0.5]), _train_cfg(micro_batch=2))
+    policy.train_step(TrainBatch(comps, [1.0, -1.0, 0.5, 0.0, -0.5]), _train_cfg())
     trained = _lp(policy, comps)
     base_after = _lp(policy, comps, with_adapter=False)
     assert not _allclose(trained, base_after, atol=1e-4)  # the adapter now matters
@@ -264,7 +265,7 @@ def test_save_load_round_trip_and_base_logprobs(tmp_path, samples):
     reloaded = _load(adapter_dir=adapter)
     assert _allclose(_lp(reloaded, comps), trained, atol=1e-6)
     # continuing from the saved optimizer state gives the same step as continuing in memory
-    cfg = _train_cfg(micro_batch=2)
+    cfg = _train_cfg()
     batch = TrainBatch(comps, [0.3, 0.2, -0.1, 0.4, -0.6])
     policy.train_step(batch, cfg)
     reloaded.train_step(batch, cfg, optimizer_state=opt)

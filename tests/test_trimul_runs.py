@@ -65,8 +65,7 @@ def test_two_steps_of_trimul_keep_the_initial_kernel(tmp_path: Path, long_tiny_m
         "steps": 2,
         "groups": 2,
         "rollouts_per_group": 2,
-        "model": {"name": str(long_tiny_model), "lora_rank": 4, "device": "cpu"},
-        "train": {"micro_batch": 1},
+        "model": {"name": str(long_tiny_model), "lora_rank": 4, "device": "cpu", "micro_batch_tokens": 1},  # one rollout per pass
         "sampling": {"context_tokens": 8192, "thinking_budget": 8192, "max_answer_tokens": 8},
         "sandbox": {"backend": "process", "concurrency": 2, "max_processes": 256},
     }

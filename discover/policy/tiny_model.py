@@ -16,6 +16,7 @@ import os
 import shutil
 import uuid
 from pathlib import Path
+from typing import Callable
 
 TINY_MODEL_NAME = "tiny-gpt2-v2"
 SPECIAL_TOKEN = "<|endoftext|>"
@@ -66,7 +67,7 @@ def solve():
 '''
 
 
-def _corpus() -> list[str]:
+def corpus() -> list[str]:
     """A few KB of text: English, Python snippets in markdown fences, and many digit strings."""
     lines = [_ENGLISH, _CODE]
     digits = []
@@ -94,7 +95,7 @@ def _build_tokenizer():
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_corpus(), trainer=trainer)
+    tok.train_from_iterator(corpus(), trainer=trainer)
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token=SPECIAL_TOKEN,
@@ -144,20 +145,20 @@ def _cache_root() -> Path:
 
 
 def _complete(path: Path) -> bool:
-    return (path / "config.json").is_file() and (path / "model.safetensors").is_file() and (
-        path / "tokenizer.json"
-    ).is_file()
+    return (path / "config.json").is_file() and (path / "tokenizer.json").is_file() and (
+        (path / "model.safetensors").is_file() or (path / "model.safetensors.index.json").is_file()
+    )
 
 
-def tiny_model_path() -> Path:
-    """The embedded model's directory, built on first use (atomically, safe under concurrency)."""
-    target = _cache_root() / "models" / TINY_MODEL_NAME
+def cached_model(name: str, build: Callable[[Path], Path]) -> Path:
+    """`$DISCOVER_CACHE/models/<name>`, built by `build(dir)` on first use (atomically, safe under concurrency)."""
+    target = _cache_root() / "models" / name
     if _complete(target):
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.parent / f".{TINY_MODEL_NAME}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp = target.parent / f".{name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
-        build_tiny_model(tmp)
+        build(tmp)
         if target.exists() and not _complete(target):
             # a leftover from something that was not us renaming atomically; replace it
             shutil.rmtree(target, ignore_errors=True)
@@ -170,3 +171,8 @@ def tiny_model_path() -> Path:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def tiny_model_path() -> Path:
+    """The embedded model's directory, built on first use (atomically, safe under concurrency)."""
+    return cached_model(TINY_MODEL_NAME, build_tiny_model)

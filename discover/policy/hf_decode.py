@@ -1,0 +1,121 @@
+"""A `PhaseEngine` on a transformers model: batched sampling with a KV cache, one token at a time.
+
+Log-probabilities are under the temperature-scaled distribution the sampler draws from,
+`log_softmax(logits / temperature)`. All randomness comes from one `torch.Generator` per `poll`,
+seeded by the first submitted request, so the same submissions give the same tokens.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from discover.policy.two_phase import PhaseOutput, PhaseRequest
+
+MAX_SAMPLE_BATCH = 512  # sequences decoded together in one batch (memory bound only)
+
+
+class _Row:
+    __slots__ = ("prompt", "limit", "stop_ids", "stop_strings", "tail", "tokens", "logps", "stop")
+
+    def __init__(self, req: PhaseRequest):
+        self.prompt = req.prompt_ids
+        self.limit = req.max_tokens
+        self.stop_ids = set(req.stop_token_ids)
+        self.stop_strings = req.stop_strings
+        self.tail = max((len(s.encode("utf-8")) for s in req.stop_strings), default=0) + 2
+        self.tokens: list[int] = []
+        self.logps: list[float] = []
+        self.stop: str | None = None
+
+
+class HFDecodeEngine:
+    """Continues token prompts with a causal LM (any transformers model with a KV cache).
+
+    Submitted requests wait until `poll`, which decodes all of them together (in batches of
+    `MAX_SAMPLE_BATCH`) with one generator seeded by the first request's seed: the same
+    submissions in the same order give the same tokens.
+    """
+
+    def __init__(self, model, tokenizer, device: torch.device, eos_ids: set[int], max_context: int | None):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.device = device
+        self.eos_ids = eos_ids
+        self.max_context = max_context
+        self._queue: list[tuple[Any, PhaseRequest, float, int]] = []
+
+    def submit(self, key: Any, request: PhaseRequest, temperature: float, seed: int) -> None:
+        self._queue.append((key, request, float(temperature), int(seed)))
+
+    def cancel(self) -> None:
+        self._queue = []
+
+    @torch.no_grad()
+    def poll(self) -> list[tuple[Any, PhaseOutput]]:
+        if not self._queue:
+            return []
+        batch, self._queue = self._queue, []
+        temperatures = {t for _, _, t, _ in batch}
+        if len(temperatures) != 1:
+            raise ValueError(f"one temperature per batch, got {sorted(temperatures)}")
+        rows = [_Row(req) for _, req, _, _ in batch]
+        gen = torch.Generator(device=self.device).manual_seed(batch[0][3] % (2**63))
+        for start in range(0, len(rows), MAX_SAMPLE_BATCH):
+            self._decode(rows[start : start + MAX_SAMPLE_BATCH], batch[0][2], gen)
+        return [(key, PhaseOutput(r.tokens, r.logps, r.stop or "length")) for (key, _, _, _), r in zip(batch, rows)]
+
+    def _finished(self, row: _Row, token: int) -> bool:
+        if token in self.eos_ids:
+            row.stop = "eos"
+        elif token in row.stop_ids or (
+            row.stop_strings and any(s in self.tokenizer.decode(row.tokens[-row.tail :]) for s in row.stop_strings)
+        ):
+            row.stop = "marker"
+        elif len(row.tokens) >= row.limit:
+            row.stop = "length"
+        return row.stop is not None
+
+    def _decode(self, rows: list[_Row], temperature: float, gen: torch.Generator) -> None:
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        width = max(len(r.prompt) for r in rows)
+        ids = torch.full((len(rows), width), pad, dtype=torch.long)
+        attn = torch.zeros((len(rows), width), dtype=torch.long)
+        for b, r in enumerate(rows):  # left padding: every prompt ends at the right edge
+            ids[b, width - len(r.prompt) :] = torch.tensor(r.prompt, dtype=torch.long)
+            attn[b, width - len(r.prompt) :] = 1
+        ids, attn = ids.to(self.device), attn.to(self.device)
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        # logits of the last position only: a (rows x prompt x vocabulary) tensor would not fit a GPU
+        out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True, logits_to_keep=1)
+        cache, logits, next_pos = out.past_key_values, out.logits[:, -1, :], pos[:, -1] + 1
+        active = list(range(len(rows)))
+        while True:
+            logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+            sampled = torch.multinomial(logp.exp(), 1, generator=gen).squeeze(-1)
+            chosen = logp.gather(-1, sampled.unsqueeze(-1)).squeeze(-1)
+            keep = []
+            for b, (t, lp) in enumerate(zip(sampled.tolist(), chosen.tolist())):
+                row = rows[active[b]]
+                row.tokens.append(t)
+                row.logps.append(lp)
+                if not self._finished(row, t):
+                    keep.append(b)
+            if not keep:
+                return
+            feed = sampled
+            if len(keep) < len(active):
+                idx = torch.tensor(keep, dtype=torch.long, device=self.device)
+                cache.batch_select_indices(idx)
+                attn, feed, next_pos = attn[idx], feed[idx], next_pos[idx]
+                active = [active[b] for b in keep]
+            attn = torch.cat([attn, attn.new_ones((attn.shape[0], 1))], dim=-1)
+            out = self.model(
+                input_ids=feed.unsqueeze(-1),
+                attention_mask=attn,
+                position_ids=next_pos.unsqueeze(-1),
+                past_key_values=cache,
+                use_cache=True,
+            )
+            cache, logits, next_pos = out.past_key_values, out.logits[:, -1, :], next_pos + 1

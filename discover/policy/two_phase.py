@@ -1,0 +1,253 @@
+"""The two-phase completion of SPEC §4, the same for every policy backend.
+
+A backend supplies a `PhaseEngine`: something that continues token prompts until EOS, a stop
+marker, or a token limit, returning the sampled tokens with their sampler log-probabilities.
+This module decides everything else, once for all backends:
+
+* Phase 1 (only with `think_end`): sample from the prompt until the model closes its thinking
+  (the marker), ends the sequence (EOS), or prompt + thinking reaches `thinking_budget`.
+* When the budget ran out, the forced text (`ChatFormat.forced_text`: the out-of-thinking phrase
+  *and* what closes the thinking block in the model's chat format, SPEC §5a) is appended as
+  tokens with loss_mask 0 and sampler log-prob 0.0; `forced` is set.
+* Phase 2 (the answer; the only phase without `think_end`): continue from prompt + everything so
+  far until EOS, `max_answer_tokens`, or the context (`finish_reason` "length" for the last two).
+* EOS inside phase 1 ends the completion with an empty answer (there was no final message).
+* The EOS token is kept as the last completion token (loss_mask 1: stopping is an action);
+  `text` and `answer` never contain it.
+
+Completions are streamed (`stream_two_phase`): each one is yielded as soon as it is finished, and
+a completion's answer phase is submitted as soon as its own thinking ends, so an engine that runs
+requests continuously (vLLM) has no barrier between the phases and evaluation can start early.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Protocol
+
+import numpy as np
+
+from discover.policy.base import Completion, GenerationSettings
+from discover.policy.chat_format import ChatFormat
+
+
+@dataclass(frozen=True)
+class PhaseRequest:
+    """Continue `prompt_ids` for at most `max_tokens` (>= 1) new tokens."""
+
+    prompt_ids: list[int]
+    max_tokens: int
+    stop_token_ids: tuple[int, ...] = ()  # the thinking marker's token, when it is one (EOS always stops)
+    stop_strings: tuple[str, ...] = ()  # the thinking marker, matched in the decoded text
+
+
+@dataclass
+class PhaseOutput:
+    """One continuation: its tokens (ending with the stop token, if any) and their log-probs."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    stop: str  # "eos", "marker" or "length"
+
+
+class PhaseEngine(Protocol):
+    """What a backend implements for `stream_two_phase`."""
+
+    max_context: int | None  # hard limit on prompt + completion (learned positions), None: none
+
+    def submit(self, key: Any, request: PhaseRequest, temperature: float, seed: int) -> None:
+        """Queue one continuation, sampled at `temperature` and deterministic in `seed`."""
+        ...
+
+    def poll(self) -> list[tuple[Any, PhaseOutput]]:
+        """Wait until at least one queued continuation is finished and return those (by key); [] when none is queued."""
+        ...
+
+
+@dataclass(frozen=True)
+class Marker:
+    """How an engine recognises the end of the thinking: the marker's text appearing in the decoded
+    completion, and (a fast exact path) its token id when the marker is a single token."""
+
+    text: str
+    token_ids: tuple[int, ...] = ()
+    strings: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, think_end: str, encode: Callable[[str], list[int]]) -> "Marker":
+        ids = encode(think_end)
+        return cls(think_end, token_ids=(ids[0],) if len(ids) == 1 else (), strings=(think_end,))
+
+
+@dataclass
+class _Draft:
+    """One completion while its phases run."""
+
+    prompt: list[int]
+    tokens: list[int] = field(default_factory=list)
+    logps: list[float] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    forced: bool = False
+    answer_start: int | None = 0  # index of the first answer token; None: no answer (EOS while thinking)
+    closed_by_marker: bool = False
+    finish: str = "stop"
+
+    def add(self, out: PhaseOutput) -> None:
+        self.tokens += out.token_ids
+        self.logps += [float(x) for x in out.logprobs]
+        self.mask += [1] * len(out.token_ids)
+
+    def used(self) -> int:
+        return len(self.prompt) + len(self.tokens)
+
+
+def check_prompts(prompts: list[list[int]], settings: GenerationSettings, context: int) -> None:
+    """Every prompt must leave room in the thinking budget and the context (a clear error otherwise)."""
+    for ids in prompts:
+        if settings.think_end is not None and len(ids) > settings.thinking_budget:
+            raise ValueError(
+                f"the prompt has {len(ids)} tokens, more than the thinking budget of "
+                f"{settings.thinking_budget} tokens; shorten the prompt or raise sampling.thinking_budget"
+            )
+        if len(ids) >= context:
+            raise ValueError(
+                f"the prompt has {len(ids)} tokens, which leaves no room in the context of "
+                f"{context} tokens; shorten the prompt or raise sampling.context_tokens"
+            )
+
+
+def stream_two_phase(
+    engine: PhaseEngine,
+    prompts: list[list[int]],
+    k: int,
+    settings: GenerationSettings,
+    seed: int,
+    chat_format: ChatFormat,
+    encode: Callable[[str], list[int]],
+    decode: Callable[[list[int]], str],
+    eos_ids: set[int],
+) -> Iterator[tuple[int, int, Completion]]:
+    """`k` completions per prompt (SPEC §4) as (prompt index, index among its k, completion), each
+    as soon as it is finished; deterministic in `seed` for a deterministic engine."""
+    if settings.temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {settings.temperature}")
+    context = settings.context_tokens
+    if engine.max_context is not None:
+        context = min(context, int(engine.max_context))
+    check_prompts(prompts, settings, context)
+    run = _TwoPhase(engine, prompts, k, settings, seed, context, chat_format, encode, decode, eos_ids)
+    return run.stream()
+
+
+class _TwoPhase:
+    """The state of one `stream_two_phase` call: a draft per completion, keyed (prompt, index)."""
+
+    def __init__(self, engine, prompts, k, settings, seed, context, chat_format, encode, decode, eos_ids):
+        self.engine, self.settings, self.context, self.decode, self.eos_ids = engine, settings, context, decode, eos_ids
+        self.keys = [(i, j) for i in range(len(prompts)) for j in range(k)]
+        self.drafts = {key: _Draft(list(prompts[key[0]])) for key in self.keys}
+        state = np.random.SeedSequence(int(seed) & (2**63 - 1)).generate_state(2 * len(self.keys), dtype=np.uint64)
+        self.seeds = {key: (int(state[2 * n]) >> 2, int(state[2 * n + 1]) >> 2) for n, key in enumerate(self.keys)}
+        self.marker: Marker | None = None
+        self.forced_ids: list[int] = []
+        if settings.think_end is not None:
+            self.marker = Marker.of(settings.think_end, encode)
+            self.forced_ids = encode(chat_format.forced_text(settings.forced_phrase, settings.think_end))
+
+    def stream(self) -> Iterator[tuple[int, int, Completion]]:
+        try:
+            for key in self.keys:
+                yield from self._start(key)
+            while finished := self.engine.poll():
+                for (phase, key), out in finished:
+                    yield from self._finished(phase, key, out)
+        finally:  # a consumer that stops early leaves nothing running in the engine
+            cancel = getattr(self.engine, "cancel", None)
+            if cancel is not None:
+                cancel()
+
+    def _done(self, key) -> Iterator[tuple[int, int, Completion]]:
+        yield key[0], key[1], _complete(self.drafts[key], self.settings, self.decode, self.eos_ids)
+
+    def _start(self, key) -> Iterator[tuple[int, int, Completion]]:
+        d, limit = self.drafts[key], min(self.settings.thinking_budget, self.context)
+        if self.marker is None:
+            yield from self._answer(key)
+        elif limit - len(d.prompt) > 0:  # phase 1: think until the marker, EOS or the budget
+            request = PhaseRequest(d.prompt, limit - len(d.prompt), self.marker.token_ids, self.marker.strings)
+            self.engine.submit(("think", key), request, self.settings.temperature, self.seeds[key][0])
+        else:  # the prompt fills the thinking budget: force at once
+            self._force(key)
+            yield from self._answer(key)
+
+    def _finished(self, phase: str, key, out: PhaseOutput) -> Iterator[tuple[int, int, Completion]]:
+        d = self.drafts[key]
+        d.add(out)
+        if phase == "answer":
+            d.finish = "stop" if out.stop == "eos" else "length"
+            yield from self._done(key)
+        elif out.stop == "eos":  # EOS while thinking: no final message
+            d.answer_start = None
+            yield from self._done(key)
+        else:
+            if out.stop == "marker":
+                d.closed_by_marker = True
+            else:
+                self._force(key)
+            yield from self._answer(key)
+
+    def _force(self, key) -> None:
+        """SPEC §4: the thinking budget ran out; append the forced text (loss_mask 0) as far as it fits."""
+        d = self.drafts[key]
+        take = self.forced_ids[: max(0, self.context - d.used())]
+        d.tokens += take
+        d.logps += [0.0] * len(take)
+        d.mask += [0] * len(take)
+        d.forced = True
+
+    def _answer(self, key) -> Iterator[tuple[int, int, Completion]]:
+        """Phase 2 from everything so far; the completion at once if there is no room left for it."""
+        d = self.drafts[key]
+        d.answer_start = len(d.tokens)
+        room = min(self.settings.max_answer_tokens, self.context - d.used())
+        if room <= 0:
+            d.finish = "length"
+            yield from self._done(key)
+        else:
+            request = PhaseRequest(d.prompt + d.tokens, room)
+            self.engine.submit(("answer", key), request, self.settings.temperature, self.seeds[key][1])
+
+
+def sample_two_phase(
+    engine: PhaseEngine, prompts: list[list[int]], k: int, settings: GenerationSettings, seed: int, *args, **kwargs
+) -> list[list[Completion]]:
+    """All completions of `stream_two_phase`, as `k` per prompt in order."""
+    out: list[list[Completion | None]] = [[None] * k for _ in prompts]
+    for i, j, completion in stream_two_phase(engine, prompts, k, settings, seed, *args, **kwargs):
+        out[i][j] = completion
+    return out  # type: ignore[return-value]
+
+
+def _complete(d: _Draft, settings: GenerationSettings, decode: Callable[[list[int]], str], eos_ids: set[int]) -> Completion:
+    body = d.tokens
+    if body and d.mask[-1] == 1 and body[-1] in eos_ids and d.finish == "stop":
+        body = body[:-1]
+    text = decode(body)
+    if d.answer_start is None and settings.think_end is not None:
+        answer = ""  # ended (EOS) inside the thinking phase: no final message
+    elif settings.think_end is None:
+        answer = text
+    elif d.forced:
+        answer = decode(body[d.answer_start :])
+    else:  # the model closed its thinking itself: the answer is what follows the marker
+        answer = text.split(settings.think_end, 1)[1] if settings.think_end in text else decode(body[d.answer_start :])
+    return Completion(
+        prompt_ids=list(d.prompt),
+        completion_ids=list(d.tokens),
+        sampler_logprobs=list(d.logps),
+        loss_mask=list(d.mask),
+        text=text,
+        answer=answer,
+        forced=d.forced,
+        finish_reason=d.finish,
+    )

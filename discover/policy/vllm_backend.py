@@ -1,0 +1,265 @@
+"""The vLLM policy backend: generation on vLLM, training on the resident transformers + peft trainer.
+
+* Generation: the process's engine (`vllm_engine.engine`), the step's LoRA adapter hot-loaded
+  under a fresh id *and* name (vLLM keys its adapter cache by id and its prefix cache by name: a
+  reused one would serve the previous step's adapter), the two-phase completion of
+  `two_phase.py` run continuously (phase 1 stops at the thinking marker; the forced text that
+  closes the thinking in the model's chat format goes in as prompt tokens with loss_mask 0; the
+  answer phase joins the running batch the moment its thinking ends, the prefix cache reusing
+  prompt + thinking; finished completions stream out), and the sampler's log-probs of the
+  sampled tokens.
+* Training and saving: `TransformersPolicy` on `model.training_devices` (or `model.device`), its
+  base model resident in this process. With `model.sleep_while_training` the engine sleeps
+  (weights to CPU, KV cache dropped) during the step and wakes for the next generation.
+* Nothing here imports vLLM until something is generated, so initialising a run (a fresh adapter)
+  and training work where vLLM is not installed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+from discover.config import ModelConfig, TrainConfig
+from discover.policy import placement, vllm_engine
+from discover.policy.base import Completion, GenerationSettings, TrainBatch
+from discover.policy.chat_format import chat_format_for
+from discover.policy.transformers_backend import TransformersPolicy, resolve_model_path
+from discover.policy.two_phase import PhaseOutput, PhaseRequest, stream_two_phase
+
+log = logging.getLogger("discover")
+
+_ADAPTER_IDS = itertools.count(1)  # process-wide: every adapter load gets an id never used before
+_REQUEST_IDS = itertools.count()
+_TOKENIZERS: dict[str, Any] = {}
+
+
+def _tokenizer(path: str):
+    if path not in _TOKENIZERS:
+        from transformers import AutoTokenizer
+
+        _TOKENIZERS[path] = AutoTokenizer.from_pretrained(path)
+    return _TOKENIZERS[path]
+
+
+def sampled_logprobs(logprobs: Any, token_ids: list[int]) -> list[float]:
+    """The log-prob of each sampled token from vLLM's per-position logprobs (dicts or FlatLogprobs)."""
+    if logprobs is None or len(logprobs) != len(token_ids):
+        raise RuntimeError(
+            f"vLLM returned {0 if logprobs is None else len(logprobs)} log-probs for {len(token_ids)} tokens"
+        )
+    if hasattr(logprobs, "start_indices"):  # FlatLogprobs: parallel lists, ranges per position
+        out = []
+        for pos, tok in enumerate(token_ids):
+            for j in range(logprobs.start_indices[pos], logprobs.end_indices[pos]):
+                if logprobs.token_ids[j] == tok:
+                    out.append(float(logprobs.logprobs[j]))
+                    break
+            else:
+                raise RuntimeError(f"vLLM gave no log-prob for the sampled token {tok} at position {pos}")
+        return out
+    return [float(position[tok].logprob) for position, tok in zip(logprobs, token_ids, strict=True)]
+
+
+def phase_output(completion: Any, marker_ids: tuple[int, ...]) -> PhaseOutput:
+    """A vLLM CompletionOutput as a PhaseOutput: tokens, sampler log-probs, why it stopped.
+
+    vLLM reports finish_reason "stop" with stop_reason None for the EOS token, the token id for a
+    stop token (our one-token marker, or another EOS id of the generation config, which vLLM adds
+    to the stop tokens), and the string for a stop string (only the marker is one).
+    """
+    ids = [int(t) for t in completion.token_ids]
+    lps = sampled_logprobs(completion.logprobs, ids)
+    reason, why = completion.finish_reason, completion.stop_reason
+    if reason == "length":
+        stop = "length"
+    elif reason == "stop":
+        if why is None:
+            stop = "eos"
+        elif isinstance(why, str) or int(why) in marker_ids:
+            stop = "marker"
+        else:
+            stop = "eos"
+    else:
+        raise RuntimeError(f"vLLM stopped a generation with finish_reason {reason!r} ({why!r})")
+    return PhaseOutput(ids, lps, stop)
+
+
+def fresh_adapter(adapter_dir: Path) -> dict[str, Any]:
+    """LoRARequest fields under an id and a name never used before in this process.
+
+    vLLM caches adapter weights by id and prefix-cache blocks by name: reusing either for a new
+    step's adapter (even from another path, or the same path rewritten) would serve stale weights.
+    """
+    i = next(_ADAPTER_IDS)
+    return {"lora_name": f"adapter-{i}", "lora_int_id": i, "lora_path": str(adapter_dir)}
+
+
+class VLLMPhaseEngine:
+    """`two_phase.PhaseEngine` on a vLLM engine, with the step's LoRA adapter (or the base model).
+
+    Requests go straight into vLLM's running batch (`LLMEngine.add_request`) and `poll` steps the
+    engine until some finish, so a completion's answer phase joins the batch the moment its
+    thinking ends: no barrier between the phases, and finished completions stream out at once.
+    """
+
+    max_context = None  # vLLM itself enforces max_model_len (= sampling.context_tokens)
+
+    def __init__(self, llm: Any, lora_request: Any | None):
+        self.engine = llm.llm_engine
+        self.lora_request = lora_request
+        self._pending: dict[str, tuple[Any, tuple[int, ...]]] = {}  # request id -> (key, marker ids)
+        self._tokens = 0
+        self._t0 = time.time()
+
+    def submit(self, key: Any, request: PhaseRequest, temperature: float, seed: int) -> None:
+        from vllm import SamplingParams
+        from vllm.inputs.engine import tokens_input
+        from vllm.sampling_params import RequestOutputKind
+
+        params = SamplingParams(
+            n=1,
+            temperature=temperature,
+            top_p=1.0,
+            top_k=0,
+            min_p=0.0,
+            max_tokens=request.max_tokens,
+            logprobs=0,  # the sampled token's log-prob only
+            seed=seed,
+            stop_token_ids=list(request.stop_token_ids) or None,
+            stop=list(request.stop_strings) or None,
+            include_stop_str_in_output=True,
+            skip_special_tokens=False,  # a marker made of special tokens (gpt-oss) must match
+            spaces_between_special_tokens=False,
+            detokenize=bool(request.stop_strings),  # text is only needed to match a stop string
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )
+        rid = f"discover-{next(_REQUEST_IDS)}"
+        # an engine input of token ids (vLLM 0.20's rendered form: nothing to tokenize)
+        self.engine.add_request(rid, tokens_input(list(request.prompt_ids)), params, lora_request=self.lora_request)
+        self._pending[rid] = (key, request.stop_token_ids)
+
+    def poll(self) -> list[tuple[Any, PhaseOutput]]:
+        done = []
+        while self._pending and not done:
+            if not self.engine.has_unfinished_requests():
+                raise RuntimeError(f"vLLM has no work left but {len(self._pending)} requests never finished")
+            for out in self.engine.step():
+                if out.finished and out.request_id in self._pending:
+                    key, markers = self._pending.pop(out.request_id)
+                    (completion,) = out.outputs
+                    done.append((key, phase_output(completion, markers)))
+                    self._tokens += len(completion.token_ids)
+        if not self._pending and done:
+            seconds = time.time() - self._t0
+            log.info("vLLM: %d tokens in %.1f s (%.0f tokens/s)", self._tokens, seconds, self._tokens / max(seconds, 1e-9))
+        return done
+
+    def cancel(self) -> None:
+        """Abort what is still running (a consumer stopped early), so the next call starts clean."""
+        if self._pending:
+            self.engine.abort_request(list(self._pending))
+            self._pending.clear()
+
+
+class VLLMPolicy:
+    """Generation on vLLM, training and saving on the resident transformers + peft trainer."""
+
+    def __init__(self, model: ModelConfig, adapter_dir: Path | None = None, seed: int = 0):
+        self.model_config = model
+        self.adapter_dir = Path(adapter_dir) if adapter_dir is not None else None
+        self.seed = seed
+        self.path = resolve_model_path(model.name)
+        self._trainer: TransformersPolicy | None = None
+        self._lora: Any | None = None
+
+    @property
+    def tokenizer(self):
+        return _tokenizer(self.path)
+
+    def engine_spec(self, context_tokens: int) -> vllm_engine.EngineSpec:
+        m = self.model_config
+        return vllm_engine.EngineSpec(
+            model_path=self.path,
+            dtype=m.dtype,
+            devices=tuple(placement.generation_devices(m)),
+            max_model_len=int(context_tokens),
+            memory_fraction=placement.generation_memory_fraction(m),
+            lora_rank=m.lora_rank,
+            sleep_mode=m.sleep_while_training,
+        )
+
+    def lora_request(self) -> Any | None:
+        """The step's adapter under a fresh id and name (None: a new adapter is the base model)."""
+        if self.adapter_dir is None:
+            return None
+        if self._lora is None:
+            from vllm.lora.request import LoRARequest
+
+            self._lora = LoRARequest(**fresh_adapter(self.adapter_dir))
+        return self._lora
+
+    def sample(self, prompts: list[str], n: int, settings: GenerationSettings, seed: int) -> list[list[Completion]]:
+        """`n` completions per prompt through vLLM (SPEC §4), sampler log-probs at the sampling temperature."""
+        out: list[list[Completion | None]] = [[None] * n for _ in prompts]
+        for i, j, completion in self.sample_stream(prompts, n, settings, seed):
+            out[i][j] = completion
+        return out  # type: ignore[return-value]
+
+    def sample_stream(
+        self, prompts: list[str], n: int, settings: GenerationSettings, seed: int
+    ) -> Iterator[tuple[int, int, Completion]]:
+        """The completions of `sample` as (prompt index, index among its n, completion), each as it finishes."""
+        tok = self.tokenizer
+        fmt = chat_format_for(tok, settings.think_end)
+        kwargs = self.model_config.chat_template_kwargs
+        rendered = [fmt.render(tok, p, thinking=settings.think_end is not None, **kwargs) for p in prompts]
+        held = vllm_engine.engine(self.engine_spec(settings.context_tokens))
+        lora = self.lora_request()
+        if lora is not None:
+            vllm_engine.use_adapter(held, lora.lora_int_id)
+        return stream_two_phase(
+            VLLMPhaseEngine(held.llm, lora), rendered, n, settings, seed, fmt,
+            encode=lambda s: [int(t) for t in tok.encode(s, add_special_tokens=False)],
+            decode=tok.decode,
+            eos_ids=eos_ids(self.path),
+        )
+
+    def trainer(self) -> TransformersPolicy:
+        """The resident trainer with this step's adapter (loaded on first use)."""
+        if self._trainer is None:
+            self._trainer = TransformersPolicy.load(self.model_config, self.adapter_dir, seed=self.seed)
+        return self._trainer
+
+    def train_step(
+        self, batch: TrainBatch, train: TrainConfig, temperature: float = 1.0, optimizer_state: Path | None = None
+    ) -> dict[str, float]:
+        """One optimizer step on the trainer (SPEC §2); vLLM sleeps meanwhile if so configured."""
+        slept = vllm_engine.sleep_if_held()
+        try:
+            return self.trainer().train_step(batch, train, temperature=temperature, optimizer_state=optimizer_state)
+        finally:
+            import torch
+
+            if slept or torch.cuda.is_available():
+                torch.cuda.empty_cache()  # hand the activations' memory back before vLLM generates again
+
+    def save(self, adapter_dir: Path, optimizer_path: Path | None = None) -> None:
+        self.trainer().save(adapter_dir, optimizer_path)
+
+
+def eos_ids(path: str) -> set[int]:
+    """The tokenizer's EOS and the generation config's EOS ids (vLLM stops at all of them)."""
+    tok = _tokenizer(path)
+    ids = {int(tok.eos_token_id)} if tok.eos_token_id is not None else set()
+    try:
+        from transformers import GenerationConfig
+
+        eos = GenerationConfig.from_pretrained(path).eos_token_id
+    except Exception:  # no generation_config.json: the tokenizer's EOS is the only one
+        eos = None
+    ids |= {int(e) for e in ([eos] if isinstance(eos, int) else eos or [])}
+    return ids
