@@ -26,12 +26,13 @@ import shutil
 import uuid
 from collections import deque
 from pathlib import Path
+from typing import Iterator
 
 import torch
 
 from discover.config import EMBEDDED_MODEL, ModelConfig, TrainConfig
 from discover.objectives import importance_sampling_loss, kl_shaped_advantages
-from discover.policy.base import Completion, GenerationSettings, TrainBatch
+from discover.policy.base import Completion, GenerationSettings, Policy, TrainBatch
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -125,7 +126,7 @@ class _Row:
         self.marker_at = False
 
 
-class TransformersPolicy:
+class TransformersPolicy(Policy):
     """A causal LM with one LoRA adapter (trainable), on transformers + peft."""
 
     def __init__(self, tokenizer, model, device: torch.device, model_config: ModelConfig):
@@ -205,11 +206,19 @@ class TransformersPolicy:
 
     # ------------------------------------------------------------------ sampling
 
-    @torch.no_grad()
     def sample(
         self, prompts: list[str], n: int, settings: GenerationSettings, seed: int
     ) -> list[list[Completion]]:
         """`n` completions per prompt; identical tokens for the same seed (SPEC §4)."""
+        out: list[list[Completion | None]] = [[None] * n for _ in prompts]
+        for i, j, completion in self.sample_stream(prompts, n, settings, seed):
+            out[i][j] = completion
+        return out  # type: ignore[return-value]
+
+    def sample_stream(
+        self, prompts: list[str], n: int, settings: GenerationSettings, seed: int
+    ) -> Iterator[tuple[int, int, Completion]]:
+        """The completions of `sample`, each yielded as soon as its sequence ends."""
         if settings.temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {settings.temperature}")
         self.temperature = float(settings.temperature)
@@ -232,11 +241,9 @@ class TransformersPolicy:
         gen = torch.Generator(device=self.device).manual_seed(int(seed))
         all_rows = [_Row(ids) for ids in rendered for _ in range(n)]
         for start in range(0, len(all_rows), MAX_SAMPLE_BATCH):
-            self._sample_rows(all_rows[start : start + MAX_SAMPLE_BATCH], settings, context, gen)
-        out: list[list[Completion]] = []
-        for i in range(len(prompts)):
-            out.append([self._to_completion(r, settings) for r in all_rows[i * n : (i + 1) * n]])
-        return out
+            for i in self._sample_rows(all_rows[start : start + MAX_SAMPLE_BATCH], settings, context, gen):
+                row = start + i
+                yield row // n, row % n, self._to_completion(all_rows[row], settings)
 
     def _start_answer(self, row: _Row, settings: GenerationSettings, context: int, pending: int) -> None:
         row.phase = 2
@@ -253,7 +260,8 @@ class TransformersPolicy:
 
     def _sample_rows(
         self, rows: list[_Row], settings: GenerationSettings, context: int, gen: torch.Generator
-    ) -> None:
+    ) -> Iterator[int]:
+        """Sample `rows` together; yield each row's index as soon as it is done."""
         tok = self.tokenizer
         eos_ids = self._eos_ids()
         marker = settings.think_end
@@ -266,6 +274,7 @@ class TransformersPolicy:
                 self._force(row, settings, context, phrase)
             if row.phase == 2 and not row.queue and row.answer_limit <= 0:
                 row.done, row.finish = True, "length"
+        yield from (i for i, r in enumerate(rows) if r.done)
 
         active = [i for i, r in enumerate(rows) if not r.done]
         if not active:
@@ -282,7 +291,8 @@ class TransformersPolicy:
         ids, attn = ids.to(self.device), attn.to(self.device)
         pos = (attn.cumsum(-1) - 1).clamp(min=0)
         model = self.model
-        out = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True)
+        with torch.no_grad():  # per call, not around the generator: it yields to its caller
+            out = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True)
         cache = out.past_key_values
         logits = out.logits[:, -1, :]
         next_pos = pos[:, -1] + 1
@@ -318,6 +328,7 @@ class TransformersPolicy:
                 elif total >= context:
                     row.done, row.finish = True, "length"
             keep = [b for b, i in enumerate(active) if not rows[i].done]
+            yield from (i for i in active if rows[i].done)
             if not keep:
                 return
             feed_t = torch.tensor(feed, dtype=torch.long, device=self.device)
@@ -327,13 +338,14 @@ class TransformersPolicy:
                 attn, feed_t, next_pos = attn[idx], feed_t[idx], next_pos[idx]
                 active = [active[b] for b in keep]
             attn = torch.cat([attn, attn.new_ones((attn.shape[0], 1))], dim=-1)
-            out = model(
-                input_ids=feed_t.unsqueeze(-1),
-                attention_mask=attn,
-                position_ids=next_pos.unsqueeze(-1),
-                past_key_values=cache,
-                use_cache=True,
-            )
+            with torch.no_grad():
+                out = model(
+                    input_ids=feed_t.unsqueeze(-1),
+                    attention_mask=attn,
+                    position_ids=next_pos.unsqueeze(-1),
+                    past_key_values=cache,
+                    use_cache=True,
+                )
             cache = out.past_key_values
             logits = out.logits[:, -1, :]
             next_pos = next_pos + 1
