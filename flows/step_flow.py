@@ -14,6 +14,7 @@ from prefect import flow
 
 from discover.run import Run
 from flows import tasks
+from flows.evaluation import step_evaluation
 from storage.layout import RunLayout
 
 
@@ -46,10 +47,9 @@ def discovery_step(run_dir: str, step: int) -> dict[str, dict[str, str]]:
         return t.with_options(result_storage=storage, result_serializer="json")(run_dir, step, **kwargs)
 
     parents = run(tasks.select_parents)
-    evaluation = tasks.step_evaluation(run_dir, step)
-    overlap = Run.open(run_dir).config.evaluation.overlap
-    rollouts = run(tasks.generate, evaluation=evaluation if overlap else None)
-    evaluations = run(tasks.evaluate, evaluation=evaluation)
+    with step_evaluation(run_dir, step):
+        rollouts = run(tasks.generate, overlap=Run.open(run_dir).config.evaluation.overlap)
+        evaluations = run(tasks.evaluate)
     archive = run(tasks.update_archive)
     checkpoint = run(tasks.train)
     return {"parents": parents, "rollouts": rollouts, "evaluations": evaluations, "archive": archive, "checkpoint": checkpoint}
