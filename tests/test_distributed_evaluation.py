@@ -2,6 +2,7 @@
 
 - a two-step run whose candidates run on a local Dask cluster on loopback gets the archive, the
   rollouts, the evaluations and the trained adapter of the local runner, with overlap or without;
+  so does a local Ray instance, where Ray is installed (the optional `ray` extra);
 - the cluster listens on loopback only, with no dashboard;
 - a run killed in the middle of a step's evaluation resumes and evaluates only the candidates that
   had not finished (counted), with the same final archive;
@@ -96,6 +97,19 @@ def test_a_local_dask_cluster_and_overlap_give_the_archive_of_the_local_runner(
         keys = [key for s, key, _ in evaluated if s == step]
         assert sorted(keys) == sorted(_stored(on_dask, step)) and keys
     assert os.getpid() not in {pid for _, _, pid in evaluated}
+
+
+def test_a_local_ray_instance_gives_the_archive_of_the_local_runner(
+    tmp_path: Path, reference: Path, counted: Path, prefect_api: str
+) -> None:
+    """Ray is the optional engine (the `ray` extra, not installed by `make test`)."""
+    pytest.importorskip("ray", reason="Ray is the `ray` extra: pip install 'ttt-discover[ray]'")
+    on_ray = _run_in_process(tmp_path / "ray", runner="ray", workers=2, overlap=True)
+    _assert_same_run(on_ray, reference)
+    evaluated = _log(counted)
+    for step in (0, 1):
+        assert sorted(key for s, key, _ in evaluated if s == step) == sorted(_stored(on_ray, step))
+    assert evaluated and os.getpid() not in {pid for _, _, pid in evaluated}
 
 
 def test_the_local_cluster_listens_on_loopback_only(tmp_path: Path) -> None:
