@@ -129,7 +129,7 @@ def _dask(config: RunConfig, resources: Resources) -> Iterator[str]:
 
 
 def _dask_flag(resources: dict[str, float]) -> str:
-    return " ".join(f"{k}={v:g}" for k, v in resources.items())
+    return " ".join(f"{k}={v:.0f}" for k, v in resources.items())
 
 
 @contextmanager
@@ -143,13 +143,21 @@ def _ray(config: RunConfig, resources: Resources) -> Iterator[None]:
     if ray.is_initialized():
         raise ValueError("Ray is already initialised in this process; a run starts its own connection")
     if address is None:
-        ray.init(
-            num_cpus=max(resources.cpus, config.evaluation.workers * config.sandbox.concurrency * resources.cpus),
-            include_dashboard=False,  # no dashboard port
-            _node_ip_address="127.0.0.1",  # loopback only
-            namespace="prefect",
-            log_to_driver=False,
-        )
+        for attempt in (1, 2, 3):  # Ray gives a new node 30 s to register: a busy machine can miss it
+            try:
+                ray.init(
+                    num_cpus=max(resources.cpus, config.evaluation.workers * config.sandbox.concurrency * resources.cpus),
+                    include_dashboard=False,  # no dashboard port
+                    _node_ip_address="127.0.0.1",  # loopback only
+                    namespace="prefect",
+                    log_to_driver=False,
+                )
+                break
+            except Exception as err:  # noqa: BLE001 - Ray raises a bare Exception for this
+                ray.shutdown()
+                if attempt == 3 or "timed out during startup" not in str(err):
+                    raise
+                log.warning("the local Ray instance did not start in time (attempt %d of 3); starting it again", attempt)
     else:
         ray.init(address=address, namespace="prefect", log_to_driver=False)
     try:

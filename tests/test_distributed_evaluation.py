@@ -126,6 +126,25 @@ def test_the_local_cluster_listens_on_loopback_only(tmp_path: Path) -> None:
     assert all(addr.ip in ("127.0.0.1", "::1") for addr in sockets), sockets
 
 
+def test_an_existing_dask_cluster_must_offer_what_a_candidate_needs(tmp_path: Path) -> None:
+    from distributed import LocalCluster
+
+    from discover.config import parse_config
+    from flows.engines import evaluation_engine
+
+    def engine(address: str):
+        return evaluation_engine(parse_config(_config(tmp_path / "run", runner="dask", address=address)))
+
+    common = {"n_workers": 1, "threads_per_worker": 1, "processes": False, "protocol": "tcp", "host": "127.0.0.1", "dashboard_address": None}
+    with LocalCluster(**common) as bare:  # workers that declare no resources would never run a candidate
+        with pytest.raises(ValueError, match=r'no worker of the Dask cluster .* --resources "CPU=2 MEMORY=1073741824"'):
+            with engine(bare.scheduler_address):
+                pass
+    with LocalCluster(**common, resources={"CPU": 4, "MEMORY": 8e9}) as able:
+        with engine(able.scheduler_address) as task_runner:
+            assert task_runner().address == able.scheduler_address
+
+
 def _cli(args: list[str], api: str, extra: dict[str, str] | None = None, wait: bool = True):
     env = dict(os.environ, PREFECT_API_URL=api, PREFECT_LOGGING_LEVEL="WARNING", **(extra or {}))
     cmd = [sys.executable, "-m", "cli", *args]
