@@ -5,7 +5,7 @@ For every reference sequence it times the bound with the O(n log n) FFT convolut
 O(n^2) direct one (np.convolve), each the best of several repeats, and prints both times, their
 ratio and the relative difference of the two certified bounds (which must stay below 1e-9).
 
-    .venv/bin/python benchmarks/verifier_speed.py [--reference ../shared/reference] [--repeats 5]
+    .venv/bin/python benchmarks/verifier_speed.py [--published evaluators/math/published] [--repeats 5]
 """
 
 from __future__ import annotations
@@ -39,13 +39,13 @@ def best_time(fn, repeats: int) -> tuple[float, float]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reference", type=Path, default=ROOT.parent / "shared" / "reference")
+    parser.add_argument("--published", type=Path, default=ROOT / "evaluators" / "math" / "published")
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
 
     rows, worst = [], 0.0
     for problem, bound in BOUNDS.items():
-        for path in sorted((args.reference / "math" / problem).glob("*.json")):
+        for path in sorted((args.published / problem).glob("*.json")):
             f = np.asarray(json.loads(path.read_text())["values"], dtype=np.float64)
             t_fft, b_fft = best_time(lambda: bound(f, "fft"), args.repeats)
             t_direct, b_direct = best_time(lambda: bound(f, "direct"), args.repeats)

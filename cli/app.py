@@ -70,9 +70,14 @@ def resume(
 
 
 def _run_flow(run_dir: str, config_yaml: str | None) -> None:
+    from cli.prefect_api import ensure_prefect_api
     from discover.run import RunDirError
     from flows.run_flow import discovery_run
 
+    try:
+        ensure_prefect_api()  # Prefect's temporary server, unless PREFECT_API_URL names one
+    except (RuntimeError, ValueError) as err:
+        fail(f"{err} Set PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS higher, or PREFECT_API_URL to a running Prefect server.")
     try:
         result = discovery_run(run_dir=run_dir, config_yaml=config_yaml)
     except (RunDirError, ValueError) as err:  # a run directory or problem option that cannot work

@@ -1,26 +1,33 @@
-"""Shared fixtures."""
+"""Shared fixtures: the published constructions, the tiny model, and one Prefect server for the
+whole test session (every test that runs a flow, in this process or in a `discover` subprocess,
+uses it, so no test pays for, or waits on, a temporary server of its own)."""
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 
+REPO = Path(__file__).resolve().parents[1]
+SERVER_STARTUP_TIMEOUT_S = 900  # generous: on a loaded 2-core machine a first start takes minutes
+
 
 @pytest.fixture
-def reference_dir() -> Path:
-    """The published constructions in /work/shared/reference (a sibling of the repository)."""
-    path = Path(__file__).resolve().parents[1].parent / "shared" / "reference"
-    if not path.is_dir():
-        pytest.skip(f"reference constructions not found at {path} (expected beside the repository)")
-    return path
+def published() -> Path:
+    """The published constructions, vendored in the repository: `<problem>/<file>.json`."""
+    return REPO / "evaluators" / "math" / "published"
 
 
 @pytest.fixture(scope="session")
 def tiny_model_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A DISCOVER_CACHE holding the tiny model, built once per session (never the user's cache)."""
-    import os
-
     from discover.policy.tiny_model import TINY_MODEL_NAME, build_tiny_model
 
     cache = tmp_path_factory.mktemp("discover-cache")
@@ -29,14 +36,72 @@ def tiny_model_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return cache
 
 
-@pytest.fixture(scope="session")
-def prefect_api():
-    """Prefect's API for flows run inside the test process: one temporary server per session."""
-    from prefect.settings import PREFECT_API_URL
-    from prefect.testing.utilities import prefect_test_harness
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
-    with prefect_test_harness(server_startup_timeout=600):
-        yield PREFECT_API_URL.value()
+
+@pytest.fixture(scope="session")
+def prefect_server(tmp_path_factory: pytest.TempPathFactory):
+    """The API URL of one real Prefect server on loopback for the whole session (SQLite in a
+    temporary PREFECT_HOME), started once and stopped at the end."""
+    home = tmp_path_factory.mktemp("prefect-server")
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_UI_ENABLED="false")
+    log = open(home / "server.log", "w")
+    prefect = Path(sys.executable).parent / "prefect"
+    proc = subprocess.Popen(
+        [str(prefect), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    api = f"http://127.0.0.1:{port}/api"
+    deadline = time.monotonic() + SERVER_STARTUP_TIMEOUT_S
+    try:
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"the Prefect server exited with {proc.returncode}: {(home / 'server.log').read_text()[-2000:]}")
+            try:
+                with urllib.request.urlopen(f"{api}/health", timeout=10) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"the Prefect server did not answer within {SERVER_STARTUP_TIMEOUT_S} s")
+            time.sleep(0.5)
+        yield api
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=30)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
+
+
+@pytest.fixture(scope="session")
+def prefect_api(prefect_server: str):
+    """Prefect's API for flows run inside the test process: the session's server."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: prefect_server}):
+        yield prefect_server
+
+
+@pytest.fixture
+def cli_env(tmp_path: Path, prefect_server: str, tiny_model_cache: Path) -> dict[str, str]:
+    """The environment of a `discover` subprocess: the session's Prefect server and tiny model."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "DISCOVER_"))}
+    env.update(
+        PREFECT_API_URL=prefect_server,
+        PREFECT_HOME=str(tmp_path / "prefect-home"),  # the client's own files, never the user's
+        PREFECT_LOGGING_LEVEL="WARNING",
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        DISCOVER_CACHE=str(tiny_model_cache),
+    )
+    return env
 
 
 def tiny_toy_config(run_dir: Path, **overrides: object) -> dict:

@@ -18,8 +18,8 @@ def _invoke(*args: str):
 
 
 @pytest.mark.parametrize("name", ["haugland_2016.json", "alphaevolve_v2.json", "ttt_discover.json"])
-def test_verify_erdos_reproduces_the_published_bounds(reference_dir: Path, name: str) -> None:
-    path = reference_dir / "math" / "erdos" / name
+def test_verify_erdos_reproduces_the_published_bounds(published: Path, name: str) -> None:
+    path = published / "erdos" / name
     result = _invoke("verify", "erdos", str(path), "--json")
     assert result.exit_code == 0, result.output
     out = json.loads(result.output)

@@ -50,8 +50,8 @@ def test_circle_seeds_are_spread_packings() -> None:
     "problem, name",
     [("erdos", "erdos/ttt_discover.json"), ("ac1", "ac1/alphaevolve_v2.json"), ("circles-26", "circle_packing/ttt_discover_n26.json")],
 )
-def test_seeds_file_with_one_record(reference_dir: Path, problem: str, name: str) -> None:
-    path = reference_dir / "math" / name
+def test_seeds_file_with_one_record(published: Path, problem: str, name: str) -> None:
+    path = published / name
     p = get_problem(problem, seeds_file=str(path))
     seeds = p.seeds(np.random.default_rng(0), 1)
     assert len(seeds) == 1

@@ -50,9 +50,9 @@ def _round(value: float, like: str, direction: str) -> Decimal:
 
 
 @pytest.mark.parametrize("name", sorted(REFERENCE))
-def test_verify_cli_reproduces_every_reference_file(reference_dir: Path, name: str) -> None:
+def test_verify_cli_reproduces_every_reference_file(published: Path, name: str) -> None:
     problem, direction = REFERENCE[name]
-    path = reference_dir / "math" / name
+    path = published / name
     result = CliRunner().invoke(app, ["verify", problem, str(path), "--json"])
     assert result.exit_code == 0, result.output
     out = json.loads(result.output)
@@ -71,9 +71,9 @@ def test_verify_cli_reproduces_every_reference_file(reference_dir: Path, name: s
         assert out["reward"] == pytest.approx(1.0 / out["bound"], rel=1e-15)
 
 
-def test_ac1_matches_thetaevolves_six_digit_figure_for_alphaevolve_v2(reference_dir: Path) -> None:
+def test_ac1_matches_thetaevolves_six_digit_figure_for_alphaevolve_v2(published: Path) -> None:
     # ThetaEvolve (paper 004) reports AlphaEvolve V2's construction as 1.503164.
-    data = json.loads((reference_dir / "math" / "ac1" / "alphaevolve_v2.json").read_text())
+    data = json.loads((published / "ac1" / "alphaevolve_v2.json").read_text())
     assert abs(get_problem("ac1").verify(data).metrics["bound"] - 1.503164) <= 1e-6
 
 
@@ -101,8 +101,8 @@ FFT_CASES = [
 
 
 @pytest.mark.parametrize("name, pieces, bound, spec", FFT_CASES)
-def test_fft_bound_agrees_with_the_direct_convolution_and_is_on_the_safe_side(reference_dir, name, pieces, bound, spec):
-    f = np.asarray(json.loads((reference_dir / "math" / name).read_text())["values"])[:pieces]
+def test_fft_bound_agrees_with_the_direct_convolution_and_is_on_the_safe_side(published, name, pieces, bound, spec):
+    f = np.asarray(json.loads((published / name).read_text())["values"])[:pieces]
     fast, plain = bound(f, "fft"), spec(f)
     assert abs(fast - plain) <= 1e-9 * plain
     if bound is ac1_bound:

@@ -50,18 +50,8 @@ def _final_archive(run_dir: Path) -> tuple[list[tuple], int]:
 
 
 @pytest.fixture
-def env(tmp_path: Path, tiny_model_cache: Path) -> dict[str, str]:
-    e = dict(os.environ)
-    e.update(
-        {
-            "PREFECT_HOME": str(tmp_path / "prefect-home"),
-            "PREFECT_LOGGING_LEVEL": "WARNING",
-            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-            "DISCOVER_CACHE": str(tiny_model_cache),
-        }
-    )
-    e.pop("DISCOVER_CRASH_AT", None)
-    return e
+def env(cli_env: dict[str, str]) -> dict[str, str]:
+    return cli_env  # the session's Prefect server: a killed run leaves it running for the resume
 
 
 def test_sigkill_inside_every_task_then_resume_gives_the_same_archive(tmp_path: Path, env: dict[str, str]) -> None:

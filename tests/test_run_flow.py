@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,11 +16,11 @@ from tests.conftest import tiny_toy_config
 pytestmark = pytest.mark.slow
 
 
-def test_a_two_step_run_leaves_a_run_directory_users_can_query(tmp_path: Path, tiny_model_cache: Path) -> None:
+def test_a_two_step_run_leaves_a_run_directory_users_can_query(tmp_path: Path, cli_env: dict[str, str]) -> None:
     run_dir = tmp_path / "run"
     config = tiny_toy_config(run_dir)
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
-    env = dict(os.environ, PREFECT_HOME=str(tmp_path / "prefect"), DISCOVER_CACHE=str(tiny_model_cache))
+    env = cli_env
     cli = [sys.executable, "-m", "cli"]
     proc = subprocess.run([*cli, "run", str(tmp_path / "c.yaml")], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
