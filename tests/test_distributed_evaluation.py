@@ -145,8 +145,10 @@ def test_an_existing_dask_cluster_must_offer_what_a_candidate_needs(tmp_path: Pa
             assert task_runner().address == able.scheduler_address
 
 
-def _cli(args: list[str], api: str, extra: dict[str, str] | None = None, wait: bool = True):
-    env = dict(os.environ, PREFECT_API_URL=api, PREFECT_LOGGING_LEVEL="WARNING", **(extra or {}))
+def _cli(args: list[str], env: dict[str, str], log: Path, wait: bool = True, **extra: str):
+    """A `discover` subprocess on the session's server, logging the evaluations it runs to `log`."""
+    faults = os.pathsep.join(filter(None, [str(FAULTS), env.get("PYTHONPATH")]))
+    env = dict(env, PYTHONPATH=faults, DISCOVER_EVAL_LOG=str(log), **extra)
     cmd = [sys.executable, "-m", "cli", *args]
     if not wait:
         return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
@@ -154,17 +156,17 @@ def _cli(args: list[str], api: str, extra: dict[str, str] | None = None, wait: b
 
 
 def test_a_run_killed_mid_evaluation_evaluates_only_the_unfinished_candidates(
-    tmp_path: Path, reference: Path, counted: Path, prefect_api: str
+    tmp_path: Path, reference: Path, cli_env: dict[str, str]
 ) -> None:
     run_dir = tmp_path / "run"
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(_config(run_dir, runner="local", overlap=True)))
-    killed = _cli(["run", str(tmp_path / "c.yaml")], prefect_api, {"DISCOVER_CRASH_AT": "candidate:1:3"})
+    killed = _cli(["run", str(tmp_path / "c.yaml")], cli_env, tmp_path / "killed.log", DISCOVER_CRASH_AT="candidate:1:3")
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     before = _stored(run_dir, 1)
     assert len(before) == 3 and not (run_dir / "steps" / "0001" / "evaluations.parquet").exists()
 
     resumed_log = tmp_path / "resumed.log"
-    resumed = _cli(["resume", str(run_dir)], prefect_api, {"DISCOVER_EVAL_LOG": str(resumed_log)})
+    resumed = _cli(["resume", str(run_dir)], cli_env, resumed_log)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     again = [key for step, key, _ in _log(resumed_log) if step == 1]
     assert sorted(again) == sorted(_stored(run_dir, 1) - before)  # the unfinished ones, each once
@@ -172,12 +174,13 @@ def test_a_run_killed_mid_evaluation_evaluates_only_the_unfinished_candidates(
     _assert_same_run(run_dir, reference)
 
 
-def test_a_killed_dask_worker_loses_no_candidate(tmp_path: Path, reference: Path, counted: Path, prefect_api: str) -> None:
+def test_a_killed_dask_worker_loses_no_candidate(tmp_path: Path, reference: Path, cli_env: dict[str, str]) -> None:
+    counted = tmp_path / "evaluations.log"  # written by the CLI's Dask workers
     run_dir = tmp_path / "run"
     config = _config(run_dir, runner="dask", workers=2, overlap=True)
     config["problem_options"] = {"eval_delay_s": 2.0}  # each candidate takes 2 s: a kill lands mid-evaluation
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
-    proc = _cli(["run", str(tmp_path / "c.yaml")], prefect_api, wait=False)
+    proc = _cli(["run", str(tmp_path / "c.yaml")], cli_env, counted, wait=False)
     try:
         deadline = time.monotonic() + 400
         while not _log(counted) and proc.poll() is None and time.monotonic() < deadline:
