@@ -5,7 +5,7 @@ UV_VERSION := 0.13.9
 TOOLS := .cache/tools
 UV := $(TOOLS)/bin/uv
 VENV := .venv
-EXTRAS := --extra dev
+EXTRAS := --extra dev --extra bio
 export UV_PROJECT_ENVIRONMENT := $(abspath $(VENV))
 export UV_LINK_MODE := copy
 
@@ -26,15 +26,17 @@ demo: setup
 	$(VENV)/bin/discover status runs/toy
 
 # Evaluator images (images/): `make images` builds python-math, cpp20 and bio (gpu: add
-# IMAGES=gpu with a registry); the base is public when a registry answers, else the offline
+# IMAGES=gpu, several GB from PyPI); the base is public when a registry answers, else the offline
 # Debian base bootstrapped here (cached in .cache/images). Unchanged images are skipped.
 IMAGES ?=
 images: setup
 	$(VENV)/bin/python images/build.py $(IMAGES)
 
-# The images the tests run in; a note and no failure when no Docker engine answers.
+# The images the tests run in; a note and no failure when no Docker engine answers. An image whose
+# content hash is unchanged is skipped in seconds; bio's first build downloads its wheels on the
+# host and takes several minutes (README, "Denoising").
 test-images: setup
-	$(VENV)/bin/python images/build.py --if-docker python-math cpp20
+	$(VENV)/bin/python images/build.py --if-docker python-math cpp20 bio
 
 test: setup test-images
 	$(VENV)/bin/python -m pytest -q

@@ -1,4 +1,5 @@
-"""Problem commands of `discover`: evaluate a candidate, verify a construction, plot it."""
+"""Problem commands of `discover`: evaluate a candidate, verify a construction, plot it, judge one
+contest output."""
 
 from __future__ import annotations
 
@@ -31,8 +32,11 @@ def evaluate(
     sandbox: str = typer.Option("auto", "--sandbox", help="process, docker or auto"),
     timeout: Optional[float] = typer.Option(None, "--timeout", min=0.001, help="seconds; overrides the problem's time limit"),
     memory_mb: Optional[int] = typer.Option(None, "--memory-mb", min=16, help="MB; overrides the problem's memory limit"),
+    cases: Optional[str] = typer.Option(None, "--cases", help="AtCoder problems: the public cases to run, e.g. 0-9 or 0,5,7-9 (default all 150)"),
+    keep_going: bool = typer.Option(False, "--keep-going", help="AtCoder problems: run every case even after one fails"),
 ) -> None:
-    """Score one candidate program in the sandbox."""
+    """Score one candidate program in the sandbox (AtCoder problems: a progress line per case on stderr)."""
+    from evaluators.algorithms import JUDGES
     from evaluators.base import EvalResult
     from evaluators.sandbox import sandbox_for
 
@@ -40,18 +44,80 @@ def evaluate(
         fail(f"--sandbox must be one of {', '.join(SANDBOXES)}, got {sandbox!r}")
     if not file.is_file():
         fail(f"no such file: {file}")
-    p = _load_problem(problem).with_limits(timeout_s=timeout, memory_mb=memory_mb)
+    options: dict = {}
+    if cases is not None or keep_going:
+        if problem not in JUDGES:
+            fail(f"--cases and --keep-going apply to the AtCoder problems ({', '.join(sorted(JUDGES))}), not {problem!r}")
+        options = {"cases": cases, "stop_at_first_failure": not keep_going}
+    p = _load_problem(problem, **options).with_limits(timeout_s=timeout, memory_mb=memory_mb)
     try:
         box = sandbox_for(p, sandbox)
     except ValueError as err:
         fail(str(err))
+    _show_progress()
     text = file.read_text()
     candidate = p.parse(text) or text if p.needs_sandbox else p.parse(text)
     if candidate is None:
         result = EvalResult.invalid("no candidate found in the file")
     else:
-        result = p.evaluate(candidate, None, box)
+        from evaluators.sandbox.native import SessionError
+
+        try:
+            result = p.evaluate(candidate, None, box)
+        except SessionError as err:  # the sandbox cannot work here (no compiler): not the candidate's fault
+            fail(f"the {box.name} sandbox cannot evaluate {problem}: {err}")
     _print_result(problem, result, as_json)
+
+
+@app.command()
+def judge(
+    problem: str = typer.Argument(..., help="ahc039 or ahc058"),
+    input: str = typer.Argument(..., help="an input file, or the number of a public case (0-149)"),
+    output: Path = typer.Argument(..., help="the program's output for that input"),
+    as_json: bool = typer.Option(False, "--json", help="print valid, score and reason as JSON"),
+) -> None:
+    """Judge one output of a contest program for one input, as the contest's judge would (no program runs)."""
+    from evaluators.algorithms import get_judge
+    from evaluators.algorithms.cases import public_inputs
+
+    try:
+        judge_one = get_judge(problem)
+    except KeyError as err:
+        fail(str(err.args[0]))
+    if Path(input).is_file():
+        input_text = Path(input).read_text()
+    elif input.isdigit() and int(input) in public_inputs(problem):
+        input_text = public_inputs(problem)[int(input)]
+    else:
+        fail(f"no such input file: {input} (or give a public case number, 0-149)")
+    if not output.is_file():
+        fail(f"no such file: {output}")
+    try:
+        verdict = judge_one(input_text, output.read_bytes())
+    except ValueError as err:  # the input is not one of this contest's
+        fail(f"{input}: {err}")
+    if as_json:
+        typer.echo(json.dumps({"problem": problem, **verdict.as_dict()}))
+    elif verdict.valid:
+        extra = ", ".join(f"{k} {v}" for k, v in verdict.details.items())
+        typer.echo(f"valid: score {verdict.score}" + (f" ({extra})" if extra else ""))
+    else:
+        typer.echo(f"invalid: {verdict.reason}")
+    if not verdict.valid:
+        raise typer.Exit(1)
+
+
+def _show_progress() -> None:
+    """Progress lines of long evaluations (one per finished case of an AtCoder program) on stderr."""
+    import logging
+    import sys
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", datefmt="%H:%M:%S"))
+    log = logging.getLogger("discover.algorithms")
+    log.handlers[:] = [handler]
+    log.setLevel(logging.DEBUG)
+    log.propagate = False
 
 
 _CONSTRUCTION_HELP = (
@@ -102,24 +168,34 @@ def _print_result(problem: str, result, as_json: bool) -> None:
     def clean(x):
         return x if not isinstance(x, float) or math.isfinite(x) else None
 
+    cases = result.metrics.get("cases")  # the AtCoder problems: one summary per case
     out = {
         "problem": problem,
         "valid": result.valid,
         "reward": clean(result.reward),
         "bound": clean(result.metrics.get("bound")),
         "reason": result.reason,
-        "metrics": {k: clean(v) for k, v in result.metrics.items()},
+        "metrics": {k: clean(v) for k, v in result.metrics.items() if k != "cases"},
     }
+    if cases is not None:
+        out["cases_passed"] = result.metrics["cases_passed"]
+        out["cases"] = cases
     if as_json:
         typer.echo(json.dumps(out))
-    elif result.valid:
-        bound = f", bound {out['bound']:.9g}" if out["bound"] is not None else ""
-        if "tolerance" in result.metrics:
-            bound += f", tolerance {result.metrics['tolerance']:g}"
-        typer.echo(f"valid: reward {result.reward:.9g}{bound}")
     else:
-        typer.echo(f"invalid: {result.reason}")
+        if cases:
+            from discover.report import markdown_table
+
+            typer.echo(markdown_table(cases, ["case", "verdict", "score", "cpu_s", "peak_mb", "reason"]), nl=False)
+            typer.echo(f"{result.metrics['cases_passed']}/{result.metrics['cases_total']} cases accepted")
+        if result.valid:
+            bound = f", bound {out['bound']:.9g}" if out["bound"] is not None else ""
+            if "tolerance" in result.metrics:
+                bound += f", tolerance {result.metrics['tolerance']:g}"
+            if cases is not None:
+                bound += f", mean case score {result.metrics['mean_score']:.1f}"
+            typer.echo(f"valid: reward {result.reward:.9g}{bound}")
+        else:
+            typer.echo(f"invalid: {result.reason}")
     if not result.valid:
         raise typer.Exit(1)
-
-

@@ -50,12 +50,20 @@ def preflight(config: RunConfig) -> None:
         raise PreflightError(str(err.args[0])) from None
     except (ValueError, TypeError) as err:
         raise PreflightError(f"problem_options: {err}") from None
-    seeds_file = config.problem_options.get("seeds_file")
-    if seeds_file and not Path(seeds_file).expanduser().is_file():
-        raise PreflightError(f"problem_options.seeds_file {seeds_file!r} does not exist (relative paths are taken from {Path.cwd()})")
+    for option in ("seeds_file", "initial_program"):  # files a problem reads when the run starts
+        path = config.problem_options.get(option)
+        if path and not Path(path).expanduser().is_file():
+            raise PreflightError(f"problem_options.{option} {path!r} does not exist (relative paths are taken from {Path.cwd()})")
     if problem.needs_sandbox and config.sandbox.backend == "docker":
         from evaluators.sandbox import docker_unavailable
 
         why = docker_unavailable(problem.image)
         if why:
             raise PreflightError(f"sandbox.backend 'docker' cannot run {problem.name} here: {why}; or set sandbox.backend: process")
+    if problem.needs_sandbox and problem.image == "cpp20" and config.sandbox.backend != "docker":
+        import shutil
+
+        from evaluators.sandbox import docker_unavailable
+
+        if shutil.which("g++") is None and (config.sandbox.backend == "process" or docker_unavailable("cpp20")):
+            raise PreflightError(f"{problem.name} compiles C++ and the process backend needs g++ here: install it, or use sandbox.backend: docker with the cpp20 image")

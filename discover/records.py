@@ -49,7 +49,7 @@ class Evaluation:
     reason: str  # empty when valid
     code: str  # the parsed candidate ("" when none was found)
     construction: Any = field(default=None, metadata={"json": True})
-    metrics: dict[str, float] = field(default_factory=dict, metadata={"json": True})
+    metrics: dict[str, Any] = field(default_factory=dict, metadata={"json": True})
     logs: str = ""  # tail of the candidate's output: the child's observation
     seconds: float = 0.0
 

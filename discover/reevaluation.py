@@ -5,11 +5,18 @@ candidate runs again through its problem's evaluator in the sandbox, from the sa
 construction it was first given; a data candidate (a problem without a sandbox) has its
 construction verified again. The table goes to RUN_DIR/reevaluations/<timestamp>-<pool>.parquet
 with a Markdown view beside it.
+
+For a problem that needs a GPU (a kernel) the table is named by the GPU type as well,
+<timestamp>-<GPU type>-<pool>.parquet, with the GPU each candidate ran on and one column per
+metric the evaluator reports (for TriMul the runtime of each benchmark shape and their geometric
+mean, in µs), so nights and GPU types (H100 against A100, say) compare side by side. On a machine
+without a GPU every row says so, and nothing is run.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import socket
 import time
@@ -21,11 +28,14 @@ import pyarrow as pa
 from discover.report import markdown_table
 from discover.archive import State
 from discover.run import Run, load_archive, read_evaluations
-from evaluators.base import ParentView
+from evaluators.base import EvalResult, ParentView
 from evaluators.sandbox import sandbox_for
+from evaluators.sandbox.gpus import local_gpus
 from storage.atomic import atomic_write_text
 from storage.tables import write_rows
 
+GPU_TYPE_ENV = "DISCOVER_GPU_TYPE"  # a GPU pool's declared type (prefect.yaml job variables)
+NO_GPU = "no GPU: this machine has no CUDA GPU (nvidia-smi lists none), so nothing was re-timed; run the re-evaluation on a GPU pool"
 REEVALUATION_SCHEMA = pa.schema(
     [
         ("state_id", pa.string()),
@@ -37,8 +47,18 @@ REEVALUATION_SCHEMA = pa.schema(
         ("seconds", pa.float64()),
         ("pool", pa.string()),
         ("host", pa.string()),
+        ("gpu", pa.string()),  # the GPU the candidate ran on; "" for a problem that needs none
     ]
 )
+
+
+def gpu_type() -> str:
+    """The GPU type of this machine: the pool's declaration, else the first GPU's model, else "no-GPU"."""
+    declared = os.environ.get(GPU_TYPE_ENV)
+    if declared:
+        return declared
+    gpus = local_gpus()
+    return gpus[0].name if gpus else "no-GPU"
 
 
 def top_states(run_dir: Path, k: int) -> list[State]:
@@ -76,16 +96,23 @@ def reevaluate_states(
     """Re-score the k best states; `slot()` is held around each evaluation (a GPU slot, say)."""
     run = Run.open(run_dir)
     problem = run.problem()
-    sandbox = sandbox_for(problem, run.config.sandbox.backend, run.config.sandbox.concurrency)
     host = socket.gethostname()
+    no_gpu = problem.needs_gpu and not local_gpus()
+    sandbox = None if no_gpu else sandbox_for(problem, run.config.sandbox.backend, run.config.sandbox.concurrency)
     rows = []
     for state in top_states(run_dir, k):
         t0 = time.time()
-        with slot():
-            if problem.needs_sandbox:  # run the program again, from the same parent
-                result = problem.evaluate(_candidate(run, state), _parent_view(run, state), sandbox)
-            else:  # a data problem: certify the construction again
-                result = problem.verify(state.construction)
+        if no_gpu:  # a clear verdict, not a crash and not an hour of CPU checks
+            result = EvalResult.invalid(NO_GPU)
+        else:
+            with slot():
+                if problem.needs_sandbox:  # run the program again, from the same parent
+                    result = problem.evaluate(_candidate(run, state), _parent_view(run, state), sandbox)
+                else:  # a data problem: certify the construction again
+                    result = problem.verify(state.construction)
+        ran_on = ""  # a problem that needs no GPU
+        if problem.needs_gpu:
+            ran_on = "none" if no_gpu else str(result.construction.get("gpu", "")) if isinstance(result.construction, dict) else ""
         rows.append(
             {
                 "state_id": state.id,
@@ -97,17 +124,43 @@ def reevaluate_states(
                 "seconds": time.time() - t0,
                 "pool": pool,
                 "host": host,
+                "gpu": ran_on,
+                **{name: float(value) for name, value in result.metrics.items()},
             }
         )
     return rows
 
 
-def write_reevaluation(run_dir: Path, rows: list[dict[str, Any]], pool: str, when: float | None = None) -> Path:
-    """Write RUN_DIR/reevaluations/<UTC timestamp>-<pool>.parquet and its .md view; return the Parquet path."""
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-")
+
+
+def write_reevaluation(
+    run_dir: Path, rows: list[dict[str, Any]], pool: str, when: float | None = None, gpu: str | None = None
+) -> Path:
+    """Write RUN_DIR/reevaluations/<UTC timestamp>[-<GPU type>]-<pool>.parquet and its .md view.
+
+    `gpu` (the GPU type, for problems that need one) goes into the name; each metric the rows carry
+    (a kernel's runtime per benchmark shape) becomes a column after the fixed ones.
+    """
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() if when is None else when))
-    safe_pool = re.sub(r"[^A-Za-z0-9_.-]+", "-", pool) or "local"
-    out = Path(run_dir) / "reevaluations" / f"{stamp}-{safe_pool}.parquet"
-    write_rows(out, rows, REEVALUATION_SCHEMA)
-    header = f"# Re-evaluation of {len(rows)} best states on pool `{pool}` ({stamp})\n\n"
-    atomic_write_text(out.with_suffix(".md"), header + markdown_table(rows, REEVALUATION_SCHEMA.names))
+    name = "-".join(part for part in (stamp, _safe(gpu) if gpu else "", _safe(pool) or "local") if part)
+    out = Path(run_dir) / "reevaluations" / f"{name}.parquet"
+    metrics = sorted({k for r in rows for k in r} - set(REEVALUATION_SCHEMA.names))
+    schema = pa.schema(list(REEVALUATION_SCHEMA) + [(m, pa.float64()) for m in metrics])
+    write_rows(out, [{**{m: None for m in metrics}, **r} for r in rows], schema)
+    where = f"pool `{pool}`" + (f", GPU {gpu}" if gpu else "")
+    header = f"# Re-evaluation of {len(rows)} best states on {where} ({stamp})\n\n"
+    if gpu == "no-GPU" or any(r.get("gpu") == "none" for r in rows):
+        header += f"**{NO_GPU}.**\n\n"
+    atomic_write_text(out.with_suffix(".md"), header + markdown_table(rows, schema.names))
     return out
+
+
+def reevaluate_run(
+    run_dir: Path, k: int, pool: str, slot: Callable[[], ContextManager[Any]] = contextlib.nullcontext
+) -> tuple[list[dict[str, Any]], Path]:
+    """Re-score the k best states and write the table, named by GPU type for a problem that needs one."""
+    rows = reevaluate_states(run_dir, k, pool, slot)
+    gpu = gpu_type() if Run.open(run_dir).problem().needs_gpu else None
+    return rows, write_reevaluation(run_dir, rows, pool, gpu=gpu)

@@ -1,4 +1,5 @@
-"""The report of a run: a table per step, the reward distribution by step, the best states.
+"""The report of a run: a table per step, the reward distribution by step, the best states, and for
+problems judged case by case (AtCoder) the best program's result on every case.
 
 Plain Python and matplotlib (Agg), no Prefect: `discover report RUN_DIR` and the run flow's end
 both call `write_report`; the flow's per-step artifacts (flows/artifacts.py) reuse `step_rows` and
@@ -16,7 +17,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from discover.config import load_config
-from discover.run import load_archive
+from discover.run import load_archive, make_problem
 from discover.status import step_rows
 from storage.atomic import atomic_path, atomic_write_text
 from storage.layout import RunLayout
@@ -106,6 +107,40 @@ def best_states(run_dir: Path, k: int = 5) -> list[dict[str, Any]]:
     return out
 
 
+def per_case_section(run_dir: Path) -> list[str]:
+    """The best state's results case by case, for problems whose states keep them (the AtCoder
+    problems: a construction {"cases": [[case, verdict, score, cpu_s, peak_mb], ...]})."""
+    archives = sorted((Path(run_dir) / "archive").glob("*.parquet"))
+    if not archives:
+        return []
+    best = load_archive(archives[-1]).best()
+    table = best.construction.get("cases") if isinstance(best.construction, dict) else None
+    if not table:
+        return []
+    rows = [dict(zip(("case", "verdict", "score", "cpu_s", "peak_mb"), r)) for r in table]
+    scores = [r["score"] for r in rows]
+    return [
+        "## Per-case results of the best program",
+        "",
+        f"State `{best.id}` (reward {best.reward:.6g}{', a seed' if best.is_seed else f', step {best.step}'}): "
+        f"{sum(r['verdict'] == 'AC' for r in rows)}/{len(rows)} cases accepted, mean case score "
+        f"{float(np.mean(scores)):.1f} (min {min(scores)}, max {max(scores)}); cpu_s is CPU seconds, peak_mb the peak "
+        "resident memory.",
+        "",
+        markdown_table(rows, ("case", "verdict", "score", "cpu_s", "peak_mb")),
+    ]
+
+
+def _problem_section(config, run_dir: Path) -> list[str]:
+    """What the run's problem adds (e.g. denoising: the best program against the baselines)."""
+    archives = sorted((Path(run_dir) / "archive").glob("*.parquet"))
+    if not archives:
+        return []
+    states = sorted(load_archive(archives[-1]).states.values(), key=lambda s: s.reward, reverse=True)
+    fields = ("id", "reward", "step", "is_seed", "code", "construction")
+    return make_problem(config).report_section([{f: getattr(s, f) for f in fields} for s in states])
+
+
 def _reevaluation_section(layout: RunLayout) -> list[str]:
     tables = sorted((layout.root / "reevaluations").glob("*.md"))
     if not tables:
@@ -151,6 +186,8 @@ def write_report(run_dir: Path, out_dir: Path | None = None) -> Path:
         "## Best states",
         "",
         markdown_table(top),
+        *per_case_section(run_dir),
+        *_problem_section(config, run_dir),
         *_reevaluation_section(layout),
     ]
     report = out / "report.md"

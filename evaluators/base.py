@@ -27,7 +27,7 @@ class EvalResult:
     valid: bool
     reason: str = ""  # empty when valid; otherwise why the candidate was rejected
     construction: Any = None  # plain JSON-able data: the child state's construction, if any
-    metrics: dict[str, float] = field(default_factory=dict)  # e.g. {"bound": 0.3809}
+    metrics: dict[str, Any] = field(default_factory=dict)  # JSON data: {"bound": 0.3809}; per-case lists for AHC
     logs: str = ""  # tail of the candidate's stdout/stderr
 
     @staticmethod
@@ -99,6 +99,11 @@ class Problem(Protocol):
         """The same problem with some `SandboxLimits` fields replaced (None values are ignored)."""
         ...
 
+    def report_section(self, states: list[dict[str, Any]]) -> list[str]:
+        """Markdown lines the run report adds for this problem, given the newest archive's states
+        (dicts with id, reward, step, is_seed, code, construction), best first; [] for none."""
+        ...
+
 
 class BaseProblem:
     """The defaults of the Problem protocol; a problem overrides what differs."""
@@ -126,6 +131,9 @@ class BaseProblem:
 
     def plot(self, construction: Any, path: str) -> EvalResult:
         raise NotImplementedError(f"problem {self.name!r} has no plot")
+
+    def report_section(self, states: list[dict[str, Any]]) -> list[str]:
+        return []
 
     def with_limits(self, **overrides: Any):
         changes = {k: v for k, v in overrides.items() if v is not None}

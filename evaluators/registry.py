@@ -15,6 +15,10 @@ _PROBLEMS: dict[str, str] = {
     "ac2": "evaluators.math.ac2:SecondAutocorrelationProblem",
     "circles-26": "evaluators.math.circles:circles_26",
     "circles-32": "evaluators.math.circles:circles_32",
+    "ahc039": "evaluators.algorithms.ahc039:PurseSeineProblem",
+    "ahc058": "evaluators.algorithms.ahc058:AppleGameProblem",
+    "trimul": "evaluators.kernels.trimul.problem:TriMulProblem",
+    "denoising": "evaluators.bio.denoising.problem:DenoisingProblem",
 }
 
 

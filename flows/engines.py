@@ -11,7 +11,7 @@
   started for the run on 127.0.0.1 without its dashboard; a candidate asks for `num_cpus`,
   `memory` and `num_gpus`, and Ray gives a GPU task its own device (CUDA_VISIBLE_DEVICES).
 
-A cluster's workers run the candidate task (flows/tasks.py: `evaluate_candidate`) with the problem's
+A cluster's workers run the candidate task (flows/evaluation.py: `evaluate_candidate`) with the problem's
 sandbox on their own machine: the project and the evaluator images must be installed there
 (README, Operations: "Evaluation on a cluster"). A run starts its engine once; each step's flow
 gets a task runner on it (`task_runner()`), so a local cluster is not started again every step.

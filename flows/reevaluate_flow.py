@@ -1,7 +1,8 @@
 """Re-evaluation as a Prefect flow: re-score a run's top-k candidates on this worker's pool.
 
 Deployed per GPU pool with a cron schedule (prefect.yaml); the table goes beside the run
-(RUN_DIR/reevaluations/<timestamp>-<pool>.parquet and .md). The work is discover/reevaluation.py.
+(RUN_DIR/reevaluations/<timestamp>-<pool>.parquet and .md; a kernel run's table is named by the GPU
+type too and has a runtime column per benchmark shape). The work is discover/reevaluation.py.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from prefect import flow
 from prefect.artifacts import create_table_artifact
 from prefect.context import FlowRunContext
 
-from discover.reevaluation import reevaluate_states, write_reevaluation
+from discover.reevaluation import reevaluate_run
 
 log = logging.getLogger("discover")
 
@@ -39,8 +40,7 @@ def reevaluate(run_dir: str, top_k: int = 5, gpu_limit: str | None = None) -> st
         from prefect.concurrency.sync import concurrency
 
         slot = partial(concurrency, gpu_limit, occupy=1, strict=True)
-    rows = reevaluate_states(Path(run_dir), top_k, pool, slot)
-    out = write_reevaluation(Path(run_dir), rows, pool)
+    rows, out = reevaluate_run(Path(run_dir), top_k, pool, slot)
     create_table_artifact(rows, key="reevaluation-" + "".join(c if c.isalnum() else "-" for c in pool.lower()), description=f"{run_dir}: {out.name}")
     log.info("re-evaluated %d states of %s on %s: %s", len(rows), run_dir, pool, out)
     return str(out)

@@ -10,17 +10,31 @@ is finished; `evaluate` waits for the last candidate and writes the step's table
 
 from __future__ import annotations
 
+import os
 import time
+from contextlib import nullcontext
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, ContextManager
 
 from prefect import task
 
 from discover import steps
 from discover.run import Run, RunDirError
 from flows.cache import step_cache_policy
-from flows.evaluation import current_evaluation, retry_infrastructure_only
+from flows.evaluation import GPU_LIMIT_ENV, current_evaluation, retry_infrastructure_only
 from storage.manifest import record_task
+
+
+def _seed_gpu_slots(run: Run) -> ContextManager[Any]:
+    """Initialise scores program seeds in this process, `sandbox.concurrency` at once: it holds that
+    many slots of the pool's GPU limit when the problem needs a GPU (a candidate of a step holds one,
+    flows/evaluation.py); else nothing."""
+    limit = os.environ.get(GPU_LIMIT_ENV)
+    if not limit or not run.problem().needs_gpu:
+        return nullcontext()
+    from prefect.concurrency.sync import concurrency
+
+    return concurrency(limit, occupy=run.config.sandbox.concurrency, strict=True)
 
 
 def _run_step(name: str, run_dir: str, step: int, **kwargs: Any) -> dict[str, str]:
@@ -73,4 +87,5 @@ def train(run_dir: str, step: int) -> dict[str, str]:
 @task(name="initialise", retries=1, retry_delay_seconds=10, retry_condition_fn=retry_infrastructure_only)
 def initialise(run_dir: str) -> dict[str, Any]:
     """The run's seeds and initial adapter, each written once (idempotent; runs on every resume)."""
-    return steps.initialise(Path(run_dir))
+    with _seed_gpu_slots(Run.open(Path(run_dir))):
+        return steps.initialise(Path(run_dir))

@@ -12,8 +12,18 @@ argument BASE) and offline-packages.txt (the Debian packages its offline base ne
   discover/offline-base:<hash>;
 - auto (default): public when the registry answers, else offline.
 
-Each image is tagged discover/<name>:latest and labelled with a content hash of its folder and
-its base image's id; an image whose hash has not changed is not rebuilt.
+Each image is tagged discover/<name>:latest and labelled with a content hash of its folder, its
+build arguments and its base image's id; an image whose hash has not changed is not rebuilt.
+A Dockerfile that declares `ARG TORCH_VERSION` / `ARG TRITON_VERSION` gets the versions uv.lock
+pins (the gpu image runs what the project locks). A Dockerfile that copies `host-ca.pem` gets, in
+its build context, the certificate bundle the host's pip trusts (PIP_CERT, else the system bundle):
+on a network whose HTTPS goes through an inspecting proxy, pip inside the build needs it.
+
+An image whose folder has a requirements.txt (fully pinned: bio) gets its Python wheels downloaded
+by the host's pip, which reaches the package index through the host's proxy and certificates,
+into .cache/images/wheels/<name>, and its build context carries them in wheels/: the Dockerfile
+installs them without an index, so the build itself needs no network.
+
 Needs a Docker engine (and root plus debootstrap for an offline base; installed with apt-get
 when missing and we are root).
 """
@@ -22,12 +32,15 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import io
 import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
+import tomllib
 from pathlib import Path
 
 IMAGES_DIR = Path(__file__).resolve().parent
@@ -37,7 +50,12 @@ REPOSITORY = "discover"
 HASH_LABEL = "discover.content-hash"
 SUITE = "bookworm"
 MIRROR = os.environ.get("DISCOVER_DEBIAN_MIRROR", "http://deb.debian.org/debian")
-DEFAULT_IMAGES = ("python-math", "cpp20", "bio")  # gpu: only when named (needs a registry and a GPU)
+DEFAULT_IMAGES = ("python-math", "cpp20", "bio")  # gpu: only when named (several GB from PyPI)
+WHEEL_PYTHON = "3.11"  # the Python of both bases: python:3.11-slim and Debian bookworm's python3
+# Every manylinux tag up to bookworm's glibc 2.36 (pip does not widen a --platform it is given).
+WHEEL_PLATFORMS = [f"manylinux_2_{minor}_x86_64" for minor in range(36, 4, -1)] + [
+    "manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64",
+]
 OFFLINE_ENV = ("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8")
 
 
@@ -144,12 +162,91 @@ def _default_base(name: str) -> str:
     raise SystemExit(f"images/{name}/Dockerfile has no `ARG BASE=` line")
 
 
+def lock_versions(packages: tuple[str, ...] = ("torch", "triton")) -> dict[str, str]:
+    """The versions uv.lock pins for `packages` (name -> version)."""
+    lock = tomllib.loads((ROOT / "uv.lock").read_text())
+    found = {p["name"]: p["version"] for p in lock.get("package", []) if p["name"] in packages}
+    missing = sorted(set(packages) - set(found))
+    if missing:
+        raise SystemExit(f"uv.lock pins no {', '.join(missing)}; run `make lock`")
+    return found
+
+
+def build_args(name: str) -> dict[str, str]:
+    """Build arguments besides BASE: the locked torch/triton versions where the Dockerfile asks."""
+    text = (IMAGES_DIR / name / "Dockerfile").read_text()
+    args = {}
+    for package, versions in (("torch", "TORCH_VERSION"), ("triton", "TRITON_VERSION")):
+        if f"ARG {versions}" in text:
+            args[versions] = lock_versions((package,))[package]
+    return args
+
+
+def host_ca_bundle() -> bytes:
+    """The certificates the host's pip trusts: PIP_CERT, SSL_CERT_FILE or the system bundle."""
+    for candidate in (os.environ.get("PIP_CERT"), os.environ.get("SSL_CERT_FILE"), "/etc/ssl/certs/ca-certificates.crt"):
+        if candidate and Path(candidate).is_file():
+            return Path(candidate).read_bytes()
+    return b""
+
+
+def build_context(name: str) -> io.BytesIO:
+    """The image's folder as a tar build context, plus its wheels in wheels/ when it has a
+    requirements.txt, plus host-ca.pem when its Dockerfile copies it."""
+    folder = IMAGES_DIR / name
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+            tar.add(path, arcname=str(path.relative_to(folder)))
+        if (folder / "requirements.txt").is_file():
+            for wheel in sorted(download_wheels(name).glob("*.whl")):
+                tar.add(wheel, arcname=f"wheels/{wheel.name}")
+        if "host-ca.pem" in (folder / "Dockerfile").read_text():
+            data = host_ca_bundle()
+            info = tarfile.TarInfo("host-ca.pem")
+            info.size, info.mode = len(data), 0o644
+            tar.addfile(info, io.BytesIO(data))
+    buf.seek(0)
+    return buf
+
+
 def content_hash(name: str, base_id: str) -> str:
     h = hashlib.sha256(base_id.encode())
+    for key, value in sorted(build_args(name).items()):
+        h.update(f"{key}={value}\0".encode())
     folder = IMAGES_DIR / name
     for path in sorted(p for p in folder.rglob("*") if p.is_file()):
         h.update(str(path.relative_to(folder)).encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()
+
+
+def _pip() -> list[str]:
+    """A pip that can download: the project's tools environment (Makefile), else python3's."""
+    tools_pip = ROOT / ".cache" / "tools" / "bin" / "pip"
+    if tools_pip.is_file():
+        return [str(tools_pip)]
+    python = shutil.which("python3") or sys.executable
+    return [python, "-m", "pip"]
+
+
+def download_wheels(name: str) -> Path:
+    """The wheels of images/<name>/requirements.txt for the images' Python, in the cache."""
+    requirements = IMAGES_DIR / name / "requirements.txt"
+    dest = CACHE / "wheels" / name
+    dest.mkdir(parents=True, exist_ok=True)
+    _log(f"downloading the wheels of {requirements.relative_to(ROOT)} into {dest.relative_to(ROOT)}")
+    start = time.monotonic()
+    cmd = [
+        *_pip(), "download", "--quiet", "--disable-pip-version-check", "--no-deps", "--only-binary=:all:",
+        "--python-version", WHEEL_PYTHON, *(arg for p in WHEEL_PLATFORMS for arg in ("--platform", p)),
+        "-r", str(requirements), "-d", str(dest),
+    ]
+    done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if done.returncode != 0:
+        sys.stdout.write(done.stdout[-4000:])
+        raise SystemExit(f"downloading the wheels of {name} failed (exit {done.returncode}); pip needs the package index")
+    _log(f"wheels ready in {time.monotonic() - start:.0f} s ({sum(1 for _ in dest.glob('*.whl'))} files)")
+    return dest
 
 
 def build(client, name: str, base_mode: str, force: bool = False) -> str:
@@ -176,7 +273,8 @@ def build(client, name: str, base_mode: str, force: bool = False) -> str:
 
     try:
         _, logs = client.images.build(
-            path=str(folder), tag=tag, buildargs={"BASE": base}, pull=False, rm=True, forcerm=True,
+            fileobj=build_context(name), custom_context=True, tag=tag, buildargs={"BASE": base, **build_args(name)},
+            pull=False, rm=True, forcerm=True,
             labels={HASH_LABEL: digest, "discover.image": name, "discover.base": base},
         )
     except docker.errors.BuildError as e:

@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from discover.config import ConfigError, load_config, parse_config, reference_markdown
+from evaluators.registry import problem_names
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -29,7 +30,7 @@ def test_defaults_are_the_papers_table_9() -> None:
     [
         ({"problem": "toy", "reuse": {"rule": "pcut"}}, "reuse.rule", "'puct', 'epsilon-greedy' or 'none'"),
         ({"problem": "toy", "train": {"objective": "grpo"}}, "train.objective", "'entropic-adaptive', 'entropic-constant', 'expected' or 'none'"),
-        ({"problem": "nope"}, "problem", "allowed values: ac1, ac2, circles-26, circles-32, erdos, toy"),
+        ({"problem": "nope"}, "problem", "allowed values: " + ", ".join(problem_names())),
         ({"problem": "toy", "stepz": 3}, "stepz", "unknown field"),
         ({"problem": "toy", "train": {"learning_rate": 0}}, "train.learning_rate", "greater than 0"),
         ({"problem": "toy", "groups": 0}, "groups", "greater than or equal to 1"),

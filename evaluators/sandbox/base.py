@@ -1,4 +1,5 @@
-"""The contract every sandbox backend keeps: run untrusted Python under limits, return plain data."""
+"""The contract every sandbox backend keeps: run untrusted Python (or a compiled program) under limits,
+return plain data."""
 
 from __future__ import annotations
 
@@ -18,6 +19,10 @@ class SandboxLimits:
     cpus: int = 2  # CPU threads offered to numeric libraries
     max_output_bytes: int = 1_000_000  # cap on captured stdout+stderr and on the returned data
     max_processes: int = 64  # process-count limit, where the backend can enforce it
+    max_file_mb: int = 64  # the largest file the candidate may write (RLIMIT_FSIZE), its return value included
+    # RLIMIT_AS = memory_mb. Off for CUDA programs, which reserve far more address space than they
+    # use; the docker backend's memory limit (a cgroup) still bounds their real memory.
+    limit_address_space: bool = True
 
 
 @dataclass(frozen=True)
@@ -41,6 +46,7 @@ class Sandbox(Protocol):
         argument: Any,
         limits: SandboxLimits,
         data_dir: Path | None = None,
+        device: str | None = None,
     ) -> SandboxResult:
         """Run `program`, call its function `entry(argument)` and return the value as plain data.
 
@@ -48,5 +54,16 @@ class Sandbox(Protocol):
         given, is a host directory the run may read but not write (a problem's inputs: contest
         cases, training counts); the run finds it at the path in the environment variable
         DISCOVER_DATA (`/data` in a container). Nothing the evaluator must keep secret goes there.
+        `device` picks the GPU the run sees: None is the backend's default (a GPU sandbox sees every
+        GPU), "cpu" none, and a GPU index or UUID (evaluators/sandbox/gpus.py) that GPU alone.
+        """
+        ...
+
+    def run_native(self, source: str, cases: Any, limits: Any, on_case: Any = None) -> Any:
+        """Compile a C++ program once and run it on each (index, input text) case; each case's raw
+        result (status, CPU time, peak memory, stdout) goes to `on_case` for the host to judge.
+
+        Only problems with compiled programs call it (the AtCoder problems); types and limits are
+        in evaluators/sandbox/native.py (NativeLimits, CaseRun, NativeRun).
         """
         ...

@@ -53,7 +53,6 @@ from typing import Any
 
 from evaluators.sandbox.base import DATA_ENV, SandboxLimits, SandboxResult
 from evaluators.sandbox.process import (
-    FILE_SIZE_LIMIT_MB,
     HARNESS,
     _compose_logs,
     _failure_reason,
@@ -112,25 +111,29 @@ class DockerSandbox:
         self.concurrency = max(1, int(concurrency))
         self.warm = warm
         self.max_runs = max_runs
-        # Compiled programs run from /tmp in the C++ image; elsewhere /tmp is noexec.
-        self.exec_tmp = ("cpp" in self.image) if exec_tmp is None else exec_tmp
+        # Compiled programs run from /tmp in the C++ image, and Triton loads the launcher and kernels
+        # it compiles from there in a GPU image; elsewhere /tmp is noexec.
+        self.exec_tmp = ("cpp" in self.image or gpu) if exec_tmp is None else exec_tmp
         self.gpu = gpu
         self._client = client or _client(timeout=START_TIMEOUT_S)
         self._api = self._client.api
         self._client.images.get(self.image)  # fail now (ImageNotFound) rather than at the first run
+        self._engine_cpus = int(self._api.info().get("NCPU") or 1)  # a CPU quota above it is refused
         self._harness = HARNESS.read_text(encoding="utf-8")
         self._slots = threading.BoundedSemaphore(self.concurrency)
         self._lock = threading.Lock()
         self._idle: list[_Container] = []
         self._owner = _owner()
         self._closed = False
+        self._native = None  # the containers of compiled programs (docker_native.py), made on first use
         reap_orphans(self._client)
         _live.add(self)
 
     # -- the contract ---------------------------------------------------------------------------
 
     def run(
-        self, program: str, entry: str, argument: Any, limits: SandboxLimits, data_dir: Path | None = None
+        self, program: str, entry: str, argument: Any, limits: SandboxLimits, data_dir: Path | None = None,
+        device: str | None = None,
     ) -> SandboxResult:
         start = time.monotonic()
         if data_dir is not None:
@@ -138,11 +141,20 @@ class DockerSandbox:
                 raise FileNotFoundError(f"the sandbox's data directory {data_dir} does not exist")
             data_dir = Path(data_dir).resolve()
         with self._slots:
-            result = self._run(program, entry, argument, limits, data_dir)
+            result = self._run(program, entry, argument, limits, data_dir, device)
         return SandboxResult(
             ok=result.ok, output=result.output, reason=result.reason, logs=result.logs,
             duration_s=time.monotonic() - start,
         )
+
+    def run_native(self, source: str, cases, limits, on_case=None):
+        """Compile a C++ program once and run it on each case in one-CPU containers (docker_native.py)."""
+        from evaluators.sandbox.docker_native import NativePool
+        from evaluators.sandbox.native import run_program
+
+        with self._lock:
+            self._native = self._native or NativePool(self)
+        return run_program(lambda slot: self._native.session(slot, limits), source, cases, limits, on_case)
 
     def close(self) -> None:
         """Kill and remove every container of the pool."""
@@ -151,6 +163,8 @@ class DockerSandbox:
             idle, self._idle = self._idle, []
         for c in idle:
             self._destroy(c)
+        if self._native is not None:
+            self._native.close()
 
     def __enter__(self) -> "DockerSandbox":
         return self
@@ -160,7 +174,9 @@ class DockerSandbox:
 
     # -- one run --------------------------------------------------------------------------------
 
-    def _run(self, program: str, entry: str, argument: Any, limits: SandboxLimits, data_dir: Path | None) -> SandboxResult:
+    def _run(
+        self, program: str, entry: str, argument: Any, limits: SandboxLimits, data_dir: Path | None, device: str | None = None
+    ) -> SandboxResult:
         import docker
 
         token = secrets.token_hex(16)
@@ -169,10 +185,11 @@ class DockerSandbox:
             "entry": entry,
             "memory_mb": int(limits.memory_mb),
             "cpu_s": math.ceil(limits.timeout_s * max(1, limits.cpus)) + 5,
-            "fsize_mb": min(FILE_SIZE_LIMIT_MB, TMPFS_MB // 2),
+            "fsize_mb": int(limits.max_file_mb),  # the tmpfs is sized to hold it (_tmpfs_mb)
             # pids_limit bounds the container; RLIMIT_NPROC (per uid, engine-wide) only as a
             # second line, generous because every container's candidate shares RUN_UID.
             "nproc": 4096,
+            "address_space": bool(limits.limit_address_space),
         }
         payload = {
             "token": token,
@@ -200,7 +217,7 @@ class DockerSandbox:
         data = json.dumps(payload).encode()
         for attempt in range(2):  # a container that died under us is an infrastructure failure
             try:
-                container = self._acquire(limits, data_dir)
+                container = self._acquire(limits, data_dir, device)
             except docker.errors.DockerException as e:
                 return SandboxResult(ok=False, reason=f"could not start the sandbox container: {e}")
             healthy = False
@@ -297,11 +314,12 @@ class DockerSandbox:
 
     # -- the pool -------------------------------------------------------------------------------
 
-    def _key(self, limits: SandboxLimits, data_dir: Path | None) -> tuple:
-        return (int(limits.memory_mb), int(limits.cpus), int(limits.max_processes), str(data_dir or ""))
+    def _key(self, limits: SandboxLimits, data_dir: Path | None, device: str | None = None) -> tuple:
+        gpus = ("all" if device is None else "" if device == "cpu" else str(device)) if self.gpu else ""
+        return (int(limits.memory_mb), int(limits.cpus), int(limits.max_processes), str(data_dir or ""), _tmpfs_mb(limits), gpus)
 
-    def _acquire(self, limits: SandboxLimits, data_dir: Path | None = None) -> _Container:
-        key = self._key(limits, data_dir)
+    def _acquire(self, limits: SandboxLimits, data_dir: Path | None = None, device: str | None = None) -> _Container:
+        key = self._key(limits, data_dir, device)
         stale = []
         found = None
         with self._lock:
@@ -328,17 +346,24 @@ class DockerSandbox:
     def _create(self, key: tuple) -> _Container:
         import docker
 
-        memory_mb, cpus, max_processes, data_dir = key
-        mem = f"{memory_mb + TMPFS_MB + HEADROOM_MB}m"
-        tmp_opts = "rw,nosuid,nodev,mode=1777,size=%dm" % TMPFS_MB + (",exec" if self.exec_tmp else ",noexec")
-        device_requests = [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])] if self.gpu else None
+        memory_mb, cpus, max_processes, data_dir, tmpfs_mb, gpus = key
+        mem = f"{memory_mb + tmpfs_mb + HEADROOM_MB}m"
+        tmp_opts = "rw,nosuid,nodev,mode=1777,size=%dm" % tmpfs_mb + (",exec" if self.exec_tmp else ",noexec")
+        # One GPU per container when a run names its device (two runs are never timed on one GPU);
+        # every GPU when it names none; none for "cpu".
+        if gpus == "all":
+            device_requests = [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]
+        elif gpus:
+            device_requests = [docker.types.DeviceRequest(device_ids=[gpus], capabilities=[["gpu"]])]
+        else:
+            device_requests = None
         host_config = self._api.create_host_config(
             init=True,
             auto_remove=True,
             network_mode="none",
             mem_limit=mem,
             memswap_limit=mem,  # equal: no swap on top of the memory limit
-            nano_cpus=int(cpus * 1e9),
+            nano_cpus=int(min(cpus, self._engine_cpus) * 1e9),
             pids_limit=max_processes + 16,  # + keeper, init, runner and its threads
             read_only=True,
             tmpfs={"/tmp": tmp_opts},
@@ -389,6 +414,11 @@ class DockerSandbox:
             self._api.remove_container(c.id, force=True)
         except Exception:
             pass  # already gone (auto_remove)
+
+
+def _tmpfs_mb(limits: SandboxLimits) -> int:
+    """/tmp's size: TMPFS_MB, or room for two files of the largest size the candidate may write."""
+    return max(TMPFS_MB, 2 * int(limits.max_file_mb) + 64)
 
 
 def _recv_exact(sock, n: int, deadline: float) -> bytes | None:

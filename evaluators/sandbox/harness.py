@@ -30,7 +30,8 @@ EXIT_RAISED, EXIT_NO_ENTRY, EXIT_BAD_VALUE = 1, 3, 4
 def _set_limits(job: dict) -> None:
     """Resource limits, applied before any candidate code runs (inherited by its children)."""
     mb = 1024 * 1024
-    resource.setrlimit(resource.RLIMIT_AS, (job["memory_mb"] * mb,) * 2)
+    if job.get("address_space", True):  # off for CUDA programs (SandboxLimits.limit_address_space)
+        resource.setrlimit(resource.RLIMIT_AS, (job["memory_mb"] * mb,) * 2)
     resource.setrlimit(resource.RLIMIT_CPU, (job["cpu_s"], job["cpu_s"] + 1))
     resource.setrlimit(resource.RLIMIT_FSIZE, (job["fsize_mb"] * mb,) * 2)
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))

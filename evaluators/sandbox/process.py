@@ -45,7 +45,6 @@ from typing import Any, BinaryIO
 from evaluators.sandbox.base import DATA_ENV, SandboxLimits, SandboxResult
 
 HARNESS = Path(__file__).with_name("harness.py")
-FILE_SIZE_LIMIT_MB = 64  # RLIMIT_FSIZE: the largest file the candidate may write
 MARKER_VAR = "DISCOVER_SANDBOX_RUN"  # env marker used to find processes that left the group
 _EXIT_NO_ENTRY, _EXIT_BAD_VALUE = 3, 4  # harness.py's exit codes whose stderr line is the reason
 # Run uids used when we are root: far above any account (and below the 32-bit overflow ids).
@@ -60,14 +59,15 @@ class ProcessSandbox:
     name = "process"
 
     def run(
-        self, program: str, entry: str, argument: Any, limits: SandboxLimits, data_dir: Path | None = None
+        self, program: str, entry: str, argument: Any, limits: SandboxLimits, data_dir: Path | None = None,
+        device: str | None = None,
     ) -> SandboxResult:
         start = time.monotonic()
         if data_dir is not None and not Path(data_dir).is_dir():
             raise FileNotFoundError(f"the sandbox's data directory {data_dir} does not exist")
         workdir = tempfile.mkdtemp(prefix="discover-sandbox-")
         try:
-            result = self._run_in(Path(workdir), program, entry, argument, limits, data_dir)
+            result = self._run_in(Path(workdir), program, entry, argument, limits, data_dir, device)
         finally:
             _remove_tree(workdir)
         return SandboxResult(
@@ -78,8 +78,15 @@ class ProcessSandbox:
             duration_s=time.monotonic() - start,
         )
 
+    def run_native(self, source: str, cases, limits, on_case=None):
+        """Compile a C++ program once and run it on each case (evaluators/sandbox/native.py)."""
+        from evaluators.sandbox.native import LocalSession, run_program
+
+        return run_program(lambda slot: LocalSession(slot, limits), source, cases, limits, on_case)
+
     def _run_in(
-        self, workdir: Path, program: str, entry: str, argument: Any, limits: SandboxLimits, data_dir: Path | None
+        self, workdir: Path, program: str, entry: str, argument: Any, limits: SandboxLimits, data_dir: Path | None,
+        device: str | None = None,
     ) -> SandboxResult:
         (workdir / "candidate.py").write_text(program, encoding="utf-8")
         (workdir / "input.json").write_text(json.dumps(argument, allow_nan=True), encoding="utf-8")
@@ -89,8 +96,9 @@ class ProcessSandbox:
             # CPU seconds add up over threads, so allow timeout x cpus; this mainly stops
             # processes that escaped the group from spinning forever.
             "cpu_s": math.ceil(limits.timeout_s * max(1, limits.cpus)) + 5,
-            "fsize_mb": FILE_SIZE_LIMIT_MB,
+            "fsize_mb": int(limits.max_file_mb),
             "nproc": _nproc_limit(limits.max_processes),
+            "address_space": bool(limits.limit_address_space),
         }
         uid = _acquire_run_uid()
         try:
@@ -99,13 +107,15 @@ class ProcessSandbox:
                 for path in (workdir, *workdir.iterdir()):
                     os.chown(path, uid, uid)
             (workdir / "job.json").write_text(json.dumps(job), encoding="utf-8")
-            return self._spawn(workdir, limits, uid, data_dir)
+            return self._spawn(workdir, limits, uid, data_dir, device)
         finally:
             if uid is not None:
                 _kill_uid(uid)
                 _release_run_uid(uid)
 
-    def _spawn(self, workdir: Path, limits: SandboxLimits, uid: int | None, data_dir: Path | None) -> SandboxResult:
+    def _spawn(
+        self, workdir: Path, limits: SandboxLimits, uid: int | None, data_dir: Path | None, device: str | None = None
+    ) -> SandboxResult:
         token = secrets.token_hex(16)
         cap = int(limits.max_output_bytes)
 
@@ -117,7 +127,7 @@ class ProcessSandbox:
                 proc = subprocess.Popen(
                     cmd,
                     cwd=workdir,
-                    env=_clean_env(workdir, limits, token, data_dir),
+                    env=_clean_env(workdir, limits, token, data_dir, device),
                     stdin=subprocess.DEVNULL,
                     stdout=out,
                     stderr=err,
@@ -152,13 +162,18 @@ def _thread_env(limits: SandboxLimits) -> dict[str, str]:
     return {name: n for name in names}
 
 
-def _clean_env(workdir: Path, limits: SandboxLimits, token: str, data_dir: Path | None = None) -> dict[str, str]:
+def _clean_env(
+    workdir: Path, limits: SandboxLimits, token: str, data_dir: Path | None = None, device: str | None = None
+) -> dict[str, str]:
     """Nothing inherited from the parent environment (no API keys, no tokens).
 
     The process backend cannot mount: a data directory is shown by its absolute path and must be
     readable by the run's uid (the problem keeps it world-readable and keeps nothing secret in it).
+    A `device` shows the run that GPU alone ("cpu": none) through CUDA_VISIBLE_DEVICES.
     """
     data = {DATA_ENV: str(Path(data_dir).resolve())} if data_dir is not None else {}
+    if device is not None:
+        data["CUDA_VISIBLE_DEVICES"] = "" if device == "cpu" else str(device)
     return {
         **data,
         "PATH": "/usr/local/bin:/usr/bin:/bin",
@@ -381,7 +396,7 @@ def _failure_reason(returncode: int, last_err_line: str, limits: SandboxLimits) 
         if sig == signal.SIGXCPU:
             return f"killed by signal {name}: CPU time limit exceeded"
         if sig == signal.SIGXFSZ:
-            return f"killed by signal {name}: file size limit ({FILE_SIZE_LIMIT_MB} MB) exceeded"
+            return f"killed by signal {name}: file size limit ({limits.max_file_mb} MB) exceeded"
         if sig in (signal.SIGKILL, signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS):
             return f"killed by signal {name} (possibly the memory limit of {limits.memory_mb} MB)"
         return f"killed by signal {name}"

@@ -1,0 +1,126 @@
+"""OpenProblems v1's denoising metrics computed exactly as the published numbers were (SPEC §5d),
+the normalisation by the per-split baselines, the validity checks, and the released code's
+acceptance and reward.
+
+- MSE: each row of `test` and of the denoised matrix scaled to sum 1e4 (scanpy's
+  `normalize_total(target_sum=1e4)`: a row that sums to 0 stays 0), `log1p`, then the mean
+  squared difference over all entries (sklearn's `mean_squared_error`).
+- Poisson: `D' = D * sum(test) / sum(train)`, then `mean(T - D' * ln(T + 1e-6))` over all entries.
+  OpenProblems calls molecular-cross-validation's `poisson_nll_loss(y_pred, y_true)` with its two
+  arguments swapped (the test counts as the prediction), and the published scores keep that, so
+  this is not the Poisson negative log-likelihood of the denoised matrix; it is what was published.
+- Normalised metric: `(m_none - m) / (m_none - m_perfect)`, not clipped, with the baselines "no
+  denoising" (D = train) and "perfect" (D = test) of the same split; score: the mean of the two.
+- The released code rejects an output that is non-finite, negative or has a value above the train
+  matrix's total (and we: one of another shape, or not real numbers), accepts it only when its
+  normalised Poisson is in [0.97, 1], and rewards 1 / MSE.
+
+Everything is computed in float64 on the host, never in the candidate's process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from evaluators.base import EvalResult
+from evaluators.bio.denoising.split import Split
+
+TARGET_SUM = 1e4  # scanpy normalize_total(target_sum=10000) in OpenProblems' mse metric
+POISSON_EPS = 1e-6  # molecular-cross-validation's poisson_nll_loss: log(y_pred + 1e-6)
+POISSON_ACCEPTED = (0.97, 1.0)  # App. E: "we reject all the solutions that obtain a normalized Poisson lower than 0.97 or larger than 1"
+MSE_FLOOR = 1e-12  # 1 / MSE stays finite for an output equal to the held-out counts
+
+
+def _log_normalized(X: np.ndarray) -> np.ndarray:
+    """scanpy's normalize_total(target_sum=1e4) then log1p, on a dense float64 matrix."""
+    factor = X.sum(axis=1) / TARGET_SUM
+    factor = factor + (factor == 0)  # scanpy: a row summing to 0 is divided by 1 and stays 0
+    return np.log1p(X / factor[:, None])
+
+
+def mse(test: np.ndarray, denoised: np.ndarray) -> float:
+    """SPEC §5d: mean squared difference of the log-normalised test and denoised matrices."""
+    return float(np.mean((_log_normalized(test) - _log_normalized(denoised)) ** 2))
+
+
+def poisson(train_total: float, test: np.ndarray, denoised: np.ndarray) -> float:
+    """SPEC §5d: OpenProblems' Poisson figure, its arguments swapped as published:
+    mean(T - D' ln(T + 1e-6)) with D' = D * sum(test) / sum(train)."""
+    scaled = denoised * (test.sum() / train_total)
+    return float(np.mean(test - scaled * np.log(test + POISSON_EPS)))
+
+
+def normalized(value: float, none: float, perfect: float) -> float:
+    """SPEC §5d: (m_none - m) / (m_none - m_perfect): 0 for no denoising, 1 for perfect, not clipped."""
+    return (none - value) / (none - perfect)
+
+
+@dataclass(frozen=True)
+class Baselines:
+    """The metrics of "no denoising" (D = train) and "perfect" (D = test) on one split."""
+
+    mse_none: float
+    poisson_none: float
+    mse_perfect: float
+    poisson_perfect: float
+
+    @classmethod
+    def of(cls, split: Split) -> "Baselines":
+        return cls(
+            mse_none=mse(split.test, split.train),
+            poisson_none=poisson(split.train_total, split.test, split.train),
+            mse_perfect=mse(split.test, split.test),
+            poisson_perfect=poisson(split.train_total, split.test, split.test),
+        )
+
+
+def measure(split: Split, baselines: Baselines, denoised: np.ndarray) -> dict[str, float]:
+    """MSE, Poisson, their normalised values and the score of a valid denoised matrix."""
+    m = mse(split.test, denoised)
+    p = poisson(split.train_total, split.test, denoised)
+    m_norm = normalized(m, baselines.mse_none, baselines.mse_perfect)
+    p_norm = normalized(p, baselines.poisson_none, baselines.poisson_perfect)
+    return {
+        "mse": m,
+        "poisson": p,
+        "mse_normalized": m_norm,
+        "poisson_normalized": p_norm,
+        "score": (m_norm + p_norm) / 2.0,  # SPEC §5d: the mean of the two normalised metrics
+    }
+
+
+def check_denoised(value: object, split: Split) -> tuple[np.ndarray | None, str]:
+    """(the output as float64, "") or (None, why it is rejected) (SPEC §5d validity)."""
+    if not isinstance(value, np.ndarray):
+        return None, f"magic_denoise returned a {type(value).__name__}, not an array"
+    if value.dtype.kind not in "biuf":
+        return None, f"magic_denoise returned an array of dtype {value.dtype}, not real numbers"
+    if value.shape != split.shape:
+        return None, f"magic_denoise returned shape {value.shape}; expected {split.shape}, the shape of its input"
+    Y = value.astype(np.float64)
+    if not np.isfinite(Y).all():
+        return None, f"output has {int(np.size(Y) - np.isfinite(Y).sum())} non-finite values (NaN or inf)"
+    if (Y < 0).any():
+        return None, f"output has {int((Y < 0).sum())} negative values (minimum {Y.min():.6g})"
+    if Y.max() > split.train_total:
+        return None, f"output has a value {Y.max():.6g} above the train matrix's total {split.train_total:.6g}"
+    return Y, ""
+
+
+def judge(split: Split, baselines: Baselines, value: object) -> EvalResult:
+    """The verdict on a denoised matrix: validity, metrics, acceptance and reward 1 / MSE (SPEC §5d)."""
+    Y, reason = check_denoised(value, split)
+    if Y is None:
+        return EvalResult.invalid(reason)
+    metrics = measure(split, baselines, Y)
+    low, high = POISSON_ACCEPTED
+    if not low <= metrics["poisson_normalized"] <= high:
+        return EvalResult(
+            reward=0.0, valid=False, metrics=metrics,
+            reason=f"normalised Poisson {metrics['poisson_normalized']:.4f} is outside [{low}, {high}] "
+            f"(MSE {metrics['mse']:.6f}, score {metrics['score']:.4f})",
+        )
+    reward = 1.0 / max(metrics["mse"], MSE_FLOOR)  # the released code's reward: 1 / MSE
+    return EvalResult(reward=reward, valid=True, metrics=metrics)

@@ -1,0 +1,117 @@
+"""From what the driver reported and what the checker found to a verdict, on the host (SPEC §5c).
+
+The driver's report is untrusted (it shares a process with the candidate): this module checks it
+is complete and consistent (every call that was due, distinct fresh seeds for the timed calls,
+per-shape means recomputed from the calls themselves), takes correctness from the checker only,
+rejects a mean under the roofline floor of the GPU the checker saw, and scores the rest.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from evaluators.base import EvalResult
+from evaluators.kernels.trimul import roofline
+
+REWARD_SCALE_US = 1500.0  # reward = 1500 / geometric-mean runtime in µs (the released code's score scale)
+
+
+def reward_for(geomean_us: float) -> float:
+    """SPEC §5c: reward proportional to 1 / geometric-mean runtime."""
+    return REWARD_SCALE_US / geomean_us
+
+
+def geometric_mean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def report_problem(job: dict, report: dict) -> str:
+    """Why the driver's report cannot be scored (its own error or rejection, or a gap in it), or ""."""
+    for key in ("error", "rejected"):
+        if report.get(key):
+            return str(report[key])
+    calls = report.get("calls") or []
+    for i, seeds in enumerate(job["test_seeds"]):
+        got = [c for c in calls if c.get("set") == "tests" and c.get("shape") == i]
+        if len(got) != len(seeds):
+            return f"the driver reported {len(got)} calls on test shape {i}, {len(seeds)} were due"
+    for i in range(len(job["benchmarks"])):
+        mine = [c for c in calls if c.get("set") == "benchmarks" and c.get("shape") == i]
+        timed = [c for c in mine if c.get("kind") == "timed"]
+        kinds = sorted(c.get("kind") for c in mine if c.get("kind") != "timed")
+        if kinds != ["batch", "warmup"] or len(timed) < job["timing"]["min_calls"]:
+            return f"the driver's report of benchmark shape {i} is incomplete"
+        if len({c.get("seed") for c in timed}) != len(timed):
+            return f"benchmark shape {i}: timed calls repeated an input seed (every call must get fresh inputs)"
+        if any(not isinstance(c.get("ms"), (int, float)) or not c["ms"] > 0 for c in timed):
+            return f"benchmark shape {i}: a timed call has no positive time"
+    return ""
+
+
+def runtimes_us(job: dict, report: dict) -> list[float]:
+    """Mean runtime per benchmark shape in µs, from the timed calls themselves."""
+    means = []
+    for i in range(len(job["benchmarks"])):
+        ms = [c["ms"] for c in report["calls"] if c["set"] == "benchmarks" and c["shape"] == i and c["kind"] == "timed"]
+        means.append(1e3 * sum(ms) / len(ms))
+    return means
+
+
+def spread_us(job: dict, report: dict) -> list[float]:
+    out = []
+    for i in range(len(job["benchmarks"])):
+        ms = [c["ms"] for c in report["calls"] if c["set"] == "benchmarks" and c["shape"] == i and c["kind"] == "timed"]
+        mean = sum(ms) / len(ms)
+        out.append(1e3 * (sum((v - mean) ** 2 for v in ms) / max(1, len(ms) - 1)) ** 0.5)
+    return out
+
+
+def below_floor(job: dict, means_us: list[float], gpu_name: str) -> str:
+    """Why a mean is faster than `gpu_name` can go (roofline.py), or ""."""
+    peak = roofline.peaks_for(gpu_name)
+    for i, (shape, mean) in enumerate(zip(job["benchmarks"], means_us)):
+        floor = roofline.floor_us(shape, peak)
+        if mean < floor:
+            return (f"benchmark shape {i} ({describe(shape)}) ran in {mean:.2f} µs, under the floor of {floor:.2f} µs "
+                    f"that {peak.model} allows ({peak.bandwidth_gb_s:g} GB/s, {peak.tensor_tflops:g} TFLOP/s): faster than the hardware")
+    return ""
+
+
+def label(shape: dict) -> str:
+    """A short name of a benchmark shape, for table columns: "B2 N256 C128 normal"."""
+    return f"B{shape['bs']} N{shape['seqlen']} C{shape['dim']} {shape['distribution']}" + ("" if shape["nomask"] else " mask")
+
+
+def describe(shape: dict) -> str:
+    mask = "no mask" if shape["nomask"] else "mask"
+    return f"B={shape['bs']} N={shape['seqlen']} C={shape['dim']} H={shape['hiddendim']}, {shape['distribution']}, {mask}"
+
+
+def timed_verdict(job: dict, report: dict, checked: dict, logs: str) -> EvalResult:
+    """The verdict of a GPU evaluation whose driver and checker both ran."""
+    why = report_problem(job, report)
+    if why:
+        return EvalResult.invalid(why, logs=logs)
+    if checked.get("error") or checked.get("failure"):
+        return EvalResult.invalid(checked.get("error") or checked["failure"], logs=logs)
+    if checked.get("checked") != len(report["calls"]):
+        return EvalResult.invalid(f"the checker judged {checked.get('checked')} of {len(report['calls'])} calls", logs=logs)
+    gpu = str(checked.get("gpu") or (report.get("gpu") or {}).get("name") or "")
+    means = runtimes_us(job, report)
+    why = below_floor(job, means, gpu)
+    if why:
+        return EvalResult.invalid(why, logs=logs)
+    geomean = geometric_mean(means)
+    spreads = spread_us(job, report)
+    lines = [f"{gpu}, torch {report['versions']['torch']}, triton {report['versions']['triton']}: geometric mean {geomean:.1f} µs"]
+    lines += [f"  {describe(s)}: {m:.1f} ± {sd:.1f} µs" for s, m, sd in zip(job["benchmarks"], means, spreads)]
+    construction: dict[str, Any] = {
+        "gpu": gpu, "torch": report["versions"]["torch"], "triton": report["versions"]["triton"],
+        "geomean_us": geomean, "runtimes_us": means, "std_us": spreads,
+        "timed_calls": [b.get("calls") for b in report.get("benchmarks", [])],
+    }
+    metrics = {"geomean_us": geomean, **{f"us {label(s)}": m for s, m in zip(job["benchmarks"], means)}}
+    summary = "\n".join(lines)
+    return EvalResult(reward=reward_for(geomean), valid=True, construction=construction, metrics=metrics,
+                      logs=(logs + "\n" if logs else "") + summary)

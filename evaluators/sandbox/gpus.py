@@ -1,0 +1,146 @@
+"""The GPUs of this machine and which evaluation holds which: one GPU per concurrent run.
+
+Found without creating a CUDA context in this process (a Prefect worker need not touch a GPU):
+`nvidia-smi`, else the NVIDIA driver's /proc entries. DISCOVER_GPUS (comma-separated indices)
+restricts the set, as does CUDA_VISIBLE_DEVICES (indices or UUIDs). `GPU_LEASES.lease()` hands
+out one free GPU at a time and blocks while all are held, so two candidates are never timed on the
+same GPU at once, even from different processes on the machine (Prefect starts one per flow run):
+a lease is an exclusive flock on the GPU's lock file in DISCOVER_GPU_LOCKS (default
+~/.cache/ttt-discover/gpu-locks), which the kernel releases if the holder dies. The pool-wide count
+of GPUs in use is Prefect's concurrency limit (flows/tasks.py).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import subprocess
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Iterator
+
+SELECT_ENV = "DISCOVER_GPUS"
+LOCKS_ENV = "DISCOVER_GPU_LOCKS"
+
+
+def lock_dir() -> Path:
+    return Path(os.environ.get(LOCKS_ENV) or Path.home() / ".cache" / "ttt-discover" / "gpu-locks")
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: str  # the driver's index, what a device request and CUDA_VISIBLE_DEVICES take
+    name: str  # the model, e.g. "NVIDIA H100 80GB HBM3"
+    uuid: str = ""
+
+
+def _from_nvidia_smi() -> list[Gpu] | None:
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return None
+    try:
+        done = subprocess.run([exe, "--query-gpu=index,name,uuid", "--format=csv,noheader"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if done.returncode != 0:
+        return []
+    gpus = []
+    for line in done.stdout.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) >= 2 and parts[0].isdigit():
+            gpus.append(Gpu(parts[0], parts[1], parts[2] if len(parts) > 2 else ""))
+    return gpus
+
+
+def _from_proc(root: Path = Path("/proc/driver/nvidia/gpus")) -> list[Gpu]:
+    gpus = []
+    if not root.is_dir():
+        return gpus
+    for entry in sorted(root.iterdir()):
+        try:
+            fields = dict(line.split(":", 1) for line in (entry / "information").read_text().splitlines() if ":" in line)
+        except OSError:
+            continue
+        fields = {k.strip(): v.strip() for k, v in fields.items()}
+        minor = fields.get("Device Minor", str(len(gpus)))
+        gpus.append(Gpu(minor, fields.get("Model", "NVIDIA GPU"), fields.get("GPU UUID", "")))
+    return sorted(gpus, key=lambda g: int(g.index) if g.index.isdigit() else 0)
+
+
+def _selected(gpus: list[Gpu]) -> list[Gpu]:
+    for var in (SELECT_ENV, "CUDA_VISIBLE_DEVICES"):
+        value = os.environ.get(var)
+        if value is None:
+            continue
+        wanted = [v.strip() for v in value.split(",") if v.strip()]
+        gpus = [g for g in gpus if g.index in wanted or (g.uuid and g.uuid in wanted)]
+    return gpus
+
+
+@lru_cache(maxsize=1)
+def local_gpus() -> tuple[Gpu, ...]:
+    """The GPUs this process may hand out (cached for the life of the process)."""
+    found = _from_nvidia_smi()
+    if found is None:
+        found = _from_proc()
+    return tuple(_selected(found))
+
+
+class GpuLeases:
+    """Hands out the local GPUs one run at a time, across processes; `lease()` blocks while all are held."""
+
+    def __init__(self, gpus: tuple[Gpu, ...] | None = None, locks: Path | None = None):
+        self._gpus = gpus
+        self._locks = locks
+        self._busy: set[str] = set()
+        self._cond = threading.Condition()
+
+    @property
+    def gpus(self) -> tuple[Gpu, ...]:
+        return local_gpus() if self._gpus is None else self._gpus
+
+    def _try_lock(self, gpu: Gpu) -> int | None:
+        """An open descriptor holding the GPU's lock file exclusively, or None if another holds it."""
+        folder = self._locks or lock_dir()
+        folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(folder / f"gpu-{gpu.uuid or gpu.index}.lock", os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            os.close(fd)
+            return None
+
+    @contextmanager
+    def lease(self) -> Iterator[Gpu]:
+        if not self.gpus:
+            raise RuntimeError("no GPU on this machine (nvidia-smi finds none)")
+        with self._cond:
+            while True:
+                held = None
+                for g in self.gpus:
+                    if g.index not in self._busy:
+                        fd = self._try_lock(g)
+                        if fd is not None:
+                            held = (g, fd)
+                            break
+                if held:
+                    gpu, fd = held
+                    self._busy.add(gpu.index)
+                    break
+                self._cond.wait(timeout=0.5)  # another process's release notifies nobody here
+        try:
+            yield gpu
+        finally:
+            with self._cond:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                os.close(fd)
+                self._busy.discard(gpu.index)
+                self._cond.notify_all()
+
+
+GPU_LEASES = GpuLeases()

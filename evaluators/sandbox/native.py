@@ -1,0 +1,411 @@
+"""Compiled programs in the sandbox: compile once, run each case under a contest's limits, and bring
+each case's raw stdout back to the host, which judges it (the judge never runs where the program can
+reach it).
+
+One trusted runner (native_runner.py) does the work on both backends; this module drives it.
+`run_program` opens `limits.parallel` runner sessions ("slots"): the first compiles the source and
+returns the binary, the others receive it, and each slot takes the next case from a shared queue
+until none is left, the caller's `on_case` asks to stop (the first failing case, say) or the
+evaluation's deadline passes. Each case runs alone on one CPU: the process backend pins each slot
+to its own core, the docker backend gives each slot its own one-CPU container.
+
+Verdicts of a case (`classify`), from what the runner measured:
+- TLE: CPU time (user + system, wait4's rusage of the program and the children it reaped; inside a
+  container also the cgroup's CPU while the case ran, which counts processes it left unreaped)
+  above `cpu_s`, SIGXCPU, or no exit before the wall-clock backstop `wall_s`;
+- MLE: the container's out-of-memory killer fired, the peak resident set (wait4's ru_maxrss) is
+  above `memory_mb`, or the program died after an allocation failed (RLIMIT_AS is the limit plus
+  512 MB, so a program that asks for far more memory than it may use fails to allocate; the
+  process backend has no cgroup, so this is how it stops most excess early). ru_maxrss never reads
+  below the runner's own resident size at fork (about 10 MB): a small program's peak is shown so;
+- OLE: more than `output_bytes` of output (RLIMIT_FSIZE, SIGXFSZ);
+- RE: any other signal or a non-zero exit status;
+- OK: exited with 0 in time: the caller judges its stdout.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import queue
+import secrets
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Protocol, Sequence
+
+RUNNER = Path(__file__).with_name("native_runner.py")
+# The AtCoder command line of SPEC §5b ({src} and {out} are filled in by the runner).
+COMPILE_COMMAND = ("g++", "-std=gnu++20", "-O2", "-DONLINE_JUDGE", "-DATCODER", "-o", "{out}", "{src}")
+BACKSTOP_S = 20.0  # the host gives up on a runner this long after its own limit should have ended a job
+ALLOCATION_FAILED = ("std::bad_alloc", "Cannot allocate memory", "memory exhausted", "out of memory")
+
+
+@dataclass(frozen=True)
+class NativeLimits:
+    """Limits of one evaluation of a compiled program."""
+
+    cpu_s: float = 2.0  # CPU time per case
+    memory_mb: int = 1024  # peak resident memory per case
+    parallel: int = 2  # cases run at once, each on its own CPU
+    deadline_s: float = 530.0  # the whole evaluation, compilation included
+    output_bytes: int = 32 * 1024 * 1024  # stdout per case
+    max_processes: int = 64  # processes and threads of the program
+    compile_timeout_s: float = 120.0  # wall and CPU; generous, a busy machine compiles slowly
+    compile_memory_mb: int = 4096  # address space of the compiler
+    binary_mb: int = 256  # largest binary (RLIMIT_FSIZE of the compiler)
+
+    @property
+    def wall_s(self) -> float:
+        """The wall-clock backstop per case: a little above the CPU limit (sleeping programs)."""
+        return 1.5 * self.cpu_s + 1.0
+
+
+@dataclass(frozen=True)
+class CaseRun:
+    """What one case's run gave: a status, what it used, and its raw output for the judge."""
+
+    case: int
+    status: str  # "OK" | "TLE" | "MLE" | "OLE" | "RE"
+    detail: str  # why, for anything but OK: "CPU time 2.31 s > 2 s", "killed by SIGSEGV", ...
+    cpu_s: float
+    wall_s: float
+    peak_mb: float
+    stdout: bytes = field(repr=False)
+    stderr: str = field(default="", repr=False)  # its tail
+
+
+@dataclass(frozen=True)
+class NativeRun:
+    """The outcome of compiling a program and running it on cases."""
+
+    compiled: bool
+    compile_log: str = ""  # the compiler's messages (tail)
+    compile_s: float = 0.0
+    cases: tuple[CaseRun, ...] = ()  # in the order they finished
+    error: str = ""  # why cases that were asked for did not run: the deadline, a broken sandbox
+    stopped: bool = False  # `on_case` asked to stop
+
+
+class SessionError(RuntimeError):
+    """A runner that died, hung or broke the protocol: an infrastructure failure, not a verdict."""
+
+
+class Session(Protocol):
+    """One runner: `start` sends the setup and returns its "ready" report, `case` one case's raw
+    result, `end` the final report; `close` ends it (killing it if needed)."""
+
+    def start(self, setup: dict[str, Any], timeout: float) -> dict[str, Any]: ...
+
+    def case(self, index: int, text: str, timeout: float) -> dict[str, Any]: ...
+
+    def end(self, timeout: float) -> dict[str, Any]: ...
+
+    def close(self) -> None: ...
+
+
+def classify(raw: dict[str, Any], limits: NativeLimits) -> CaseRun:
+    """A case's status from the runner's measurements (module docstring, "Verdicts")."""
+    cpu = float(raw["cpu_s"])
+    note = ""
+    cgroup = raw.get("cgroup_cpu_s")
+    if cgroup is not None and cgroup > cpu + 0.05:  # processes it did not reap used CPU too
+        cpu, note = float(cgroup), " (with the processes it left running)"
+    peak = raw["peak_kb"] / 1024.0
+    sig, code = raw.get("signal"), raw.get("exit_code")
+    stderr = raw.get("stderr", "")
+    status, detail = "OK", ""
+    if raw["timed_out"]:
+        status, detail = "TLE", f"still running after the wall-clock backstop of {limits.wall_s:g} s (CPU time {cpu:.2f} s)"
+    elif sig == signal.SIGXCPU or cpu > limits.cpu_s:
+        status, detail = "TLE", f"CPU time {cpu:.2f} s{note} > {limits.cpu_s:g} s"
+    elif raw.get("oom_kills"):
+        status, detail = "MLE", f"killed by the out-of-memory killer (peak resident memory {peak:.0f} MB, limit {limits.memory_mb} MB)"
+    elif peak > limits.memory_mb:
+        status, detail = "MLE", f"peak resident memory {peak:.0f} MB > {limits.memory_mb} MB"
+    elif (sig is not None or code) and any(s in stderr for s in ALLOCATION_FAILED):
+        status, detail = "MLE", f"a memory allocation failed (address space capped at {limits.memory_mb + 512} MB; {_exit(sig, code)})"
+    elif sig == signal.SIGKILL and raw.get("oom_kills") is None:
+        status, detail = "MLE", "killed by SIGKILL: the memory limit, most likely"
+    elif sig == signal.SIGXFSZ or raw["stdout_bytes"] > limits.output_bytes:
+        status, detail = "OLE", f"more than {limits.output_bytes} bytes of output"
+    elif sig is not None or code:
+        status, detail = "RE", _exit(sig, code)
+    return CaseRun(
+        case=int(raw["index"]), status=status, detail=detail, cpu_s=cpu, wall_s=float(raw["wall_s"]), peak_mb=peak,
+        stdout=base64.b64decode(raw["stdout"]), stderr=stderr,
+    )
+
+
+def _exit(sig: int | None, code: int | None) -> str:
+    if sig is not None:
+        try:
+            return f"killed by {signal.Signals(sig).name}"
+        except ValueError:
+            return f"killed by signal {sig}"
+    return f"exit code {code}"
+
+
+def run_program(
+    open_session: Callable[[int], Session],
+    source: str,
+    cases: Sequence[tuple[int, str]],
+    limits: NativeLimits,
+    on_case: Callable[[CaseRun], bool] | None = None,
+    compile_command: Sequence[str] = COMPILE_COMMAND,
+) -> NativeRun:
+    """Compile `source` once and run it on `cases` ((index, input text) pairs) in parallel slots.
+
+    `open_session(slot)` gives a runner for slot 0, 1, ...; `on_case` sees each case as it
+    finishes (in one judging thread, while the slots go on) and returns False to stop handing out
+    cases (a case or two already started still finish).
+    """
+    deadline = time.monotonic() + limits.deadline_s
+    base = {
+        "cpu_s": limits.cpu_s, "wall_s": limits.wall_s, "memory_mb": limits.memory_mb,
+        "output_bytes": limits.output_bytes, "compile_timeout_s": limits.compile_timeout_s,
+        "compile_memory_mb": limits.compile_memory_mb, "binary_mb": limits.binary_mb,
+    }
+    try:
+        first = open_session(0)
+    except SessionError as err:
+        return NativeRun(compiled=False, error=f"the sandbox failed to start: {err}")
+    try:
+        ready = first.start(
+            {**base, "source": source, "command": list(compile_command), "return_binary": len(cases) > 0 and limits.parallel > 1},
+            timeout=limits.compile_timeout_s + BACKSTOP_S,
+        )
+    except SessionError as err:
+        first.close()
+        return NativeRun(compiled=False, error=f"the sandbox failed while compiling: {err}")
+    compile_log, compile_s = str(ready.get("log", "")), float(ready.get("seconds", 0.0))
+    if ready.get("missing"):  # not the program's fault: the sandbox cannot compile anything
+        first.close()
+        raise SessionError(compile_log)
+    if not ready["ok"]:
+        try:
+            first.end(timeout=BACKSTOP_S)
+        except SessionError:
+            pass
+        first.close()
+        return NativeRun(compiled=False, compile_log=compile_log, compile_s=compile_s)
+
+    pending: queue.SimpleQueue[tuple[int, str]] = queue.SimpleQueue()
+    for c in cases:
+        pending.put(c)
+    done: list[CaseRun] = []
+    lock = threading.Lock()
+    state = {"stop": False, "error": ""}
+
+    def slot(k: int, session: Session | None) -> None:
+        try:
+            if session is None:
+                session = open_session(k)
+                session.start({**base, "binary": ready["binary"]}, timeout=BACKSTOP_S)
+            while not state["stop"]:
+                if time.monotonic() > deadline:
+                    with lock:
+                        state["stop"] = True
+                        state["error"] = state["error"] or f"the evaluation's time limit ({limits.deadline_s:g} s) ran out"
+                    break
+                try:
+                    index, text = pending.get_nowait()
+                except queue.Empty:
+                    break
+                raw = session.case(index, text, timeout=limits.wall_s + BACKSTOP_S)
+                judged.append(judging.submit(finish, raw))  # the slot goes on with the next case
+            session.end(timeout=BACKSTOP_S)
+        except SessionError as err:
+            with lock:
+                state["stop"] = True
+                state["error"] = state["error"] or f"the sandbox failed: {err}"
+        finally:
+            if session is not None:
+                session.close()
+
+    def finish(raw: dict[str, Any]) -> None:
+        run = classify(raw, limits)
+        keep = on_case(run) if on_case is not None else True
+        with lock:
+            done.append(run)
+            if not keep:
+                state["stop"] = True
+
+    judged: list[Future] = []
+    threads = [threading.Thread(target=slot, args=(0, first), daemon=True)]
+    threads += [threading.Thread(target=slot, args=(k, None), daemon=True) for k in range(1, min(limits.parallel, len(cases)))]
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="judge") as judging:  # off the slots' path
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    for future in judged:
+        future.result()  # a judge that raised is our bug: let it show
+    stopped = state["stop"] and not state["error"]
+    error = state["error"] if len(done) < len(cases) and not stopped else ""
+    return NativeRun(compiled=True, compile_log=compile_log, compile_s=compile_s, cases=tuple(done), error=error, stopped=stopped)
+
+
+# -- the process backend's sessions --------------------------------------------------------------
+
+
+class ReplyReader:
+    """Reads the runner's "<token> <JSON>" lines from chunks of its stdout, with a deadline."""
+
+    def __init__(self, token: str, recv: Callable[[float], bytes], describe_death: Callable[[], str]):
+        self.token = token.encode()
+        self.recv = recv  # recv(seconds) -> bytes; b"" at end of stream; raises TimeoutError
+        self.describe_death = describe_death
+        self.buffer = bytearray()
+
+    def read(self, timeout: float) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            end = self.buffer.find(b"\n")
+            if end >= 0:
+                line = bytes(self.buffer[:end])
+                del self.buffer[: end + 1]
+                token, _, payload = line.partition(b" ")
+                if token != self.token:
+                    continue  # not a report (the runner writes nothing else, but be safe)
+                try:
+                    return json.loads(payload)
+                except ValueError as err:
+                    raise SessionError(f"unreadable report from the runner: {err}") from None
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise SessionError(f"the runner did not answer within {timeout:g} s")
+            try:
+                chunk = self.recv(remaining)
+            except TimeoutError:
+                continue
+            if not chunk:
+                raise SessionError("the runner exited: " + self.describe_death())
+            self.buffer.extend(chunk)
+
+
+def message(payload: dict[str, Any]) -> bytes:
+    data = json.dumps(payload).encode()
+    return str(len(data)).encode() + b"\n" + data
+
+
+class LocalSession:
+    """A runner process on this machine (the process backend): pinned to the core that the fewest
+    of our runners use, and, when we are root, dropping the program to a fresh unprivileged uid."""
+
+    def __init__(self, slot: int, limits: NativeLimits):
+        from evaluators.sandbox.process import _acquire_run_uid, _nproc_limit
+
+        self.token = secrets.token_hex(16)
+        self.parent = tempfile.mkdtemp(prefix="discover-native-")
+        os.chmod(self.parent, 0o711)
+        self.uid = _acquire_run_uid()
+        self.cpu = _take_core()
+        self.common = {
+            "token": self.token,
+            "marker": secrets.token_hex(16),
+            "uid": self.uid,
+            "gid": self.uid,
+            "cpu": self.cpu,
+            "workdir": os.path.join(self.parent, "w"),
+            "nproc": limits.max_processes if self.uid is not None else _nproc_limit(limits.max_processes),
+            "cgroup": False,  # the host's cgroup counts everyone's processes
+            "scratch": ["/tmp", "/var/tmp", "/dev/shm"] if self.uid is not None else [],
+        }
+        self.stderr = tempfile.TemporaryFile()
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", str(RUNNER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=self.stderr, start_new_session=True, close_fds=True, cwd=self.parent,
+            )
+        except OSError as err:
+            self._release()
+            raise SessionError(f"could not start the runner: {err}") from None
+        self.reader = ReplyReader(self.token, self._recv, self._death)
+        self.ended = False
+
+    def _recv(self, timeout: float) -> bytes:
+        fd = self.proc.stdout.fileno()
+        ready, _, _ = select.select([fd], [], [], timeout)
+        if not ready:
+            raise TimeoutError
+        return os.read(fd, 1 << 20)
+
+    def _death(self) -> str:
+        self.stderr.seek(0)
+        lines = self.stderr.read().decode("utf-8", "replace").strip().splitlines()
+        return lines[-1][:500] if lines else f"exit status {self.proc.poll()}"
+
+    def _send(self, payload: dict[str, Any]) -> None:
+        try:
+            self.proc.stdin.write(message(payload))
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError) as err:
+            raise SessionError(f"the runner is gone ({err}): {self._death()}") from None
+
+    def start(self, setup: dict[str, Any], timeout: float) -> dict[str, Any]:
+        self._send({**setup, **self.common})
+        return self.reader.read(timeout)
+
+    def case(self, index: int, text: str, timeout: float) -> dict[str, Any]:
+        self._send({"kind": "case", "index": index, "input": text})
+        return self.reader.read(timeout)
+
+    def end(self, timeout: float) -> dict[str, Any]:
+        self._send({"kind": "end"})
+        report = self.reader.read(timeout)
+        self.ended = True
+        return report
+
+    def close(self) -> None:
+        from evaluators.sandbox.process import _kill_group
+
+        if self.ended:  # it is exiting on its own
+            try:
+                self.proc.wait(timeout=BACKSTOP_S)
+            except subprocess.TimeoutExpired:
+                pass
+        _kill_group(self.proc.pid)  # a runner that hung, and anything left in its session
+        self.proc.wait()
+        for stream in (self.proc.stdin, self.proc.stdout):
+            try:
+                stream.close()
+            except OSError:
+                pass
+        self._release()
+
+    def _release(self) -> None:
+        from evaluators.sandbox.process import _kill_uid, _release_run_uid, _remove_tree
+
+        self.stderr.close()
+        if self.uid is not None:
+            _kill_uid(self.uid)
+            _release_run_uid(self.uid)
+        _remove_tree(self.parent)
+        _give_core(self.cpu)
+
+
+_cores_in_use: dict[int, int] = {}  # core -> runner sessions of this process pinned to it
+_cores_lock = threading.Lock()
+
+
+def _take_core() -> int:
+    """The allowed core with the fewest of our sessions: slots of concurrent evaluations spread
+    over the cores, and no two share one while a core is free."""
+    with _cores_lock:
+        core = min(sorted(os.sched_getaffinity(0)), key=lambda c: _cores_in_use.get(c, 0))
+        _cores_in_use[core] = _cores_in_use.get(core, 0) + 1
+        return core
+
+
+def _give_core(core: int) -> None:
+    with _cores_lock:
+        _cores_in_use[core] -= 1

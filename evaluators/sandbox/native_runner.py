@@ -1,0 +1,423 @@
+"""The trusted runner of compiled programs: compiles one source once, then runs the binary on the
+cases the host sends it, one at a time, and reports each case's raw result. Standard library only.
+
+Started by the host (evaluators/sandbox/native.py) as `python3 -I -S <this file>` for the process
+backend, and inside a container of the docker backend as `python3 -I -S -c <this file's text>`
+executed by the container's root (with only the capabilities CHOWN, DAC_OVERRIDE, FOWNER, SETUID,
+SETGID and KILL). The candidate never runs as the runner's user: when the runner is root, every
+child (the compiler, the program, the clean-up helpers) drops to the unprivileged `uid` the host
+chose, so the program cannot signal, trace or read the runner, its other cases' inputs (kept in a
+0700 directory) or its report (the runner's stdout). A runner that is not root (the process
+backend run by a normal user) cannot protect itself that way; see native.py.
+
+Protocol: the host writes messages, each a line with a byte count and then that many bytes of
+JSON; the runner answers each with one line "<token> <JSON>". Messages: "setup" (limits, and the
+source to compile or the binary to use), then any number of "case" (index and input text), then
+"end". Every case is run with: its input as stdin; stdout and stderr to files of the runner that
+the program holds only as file descriptors; a new session; RLIMIT_CPU (a little above the time
+limit: SIGXCPU, then SIGKILL one second later), RLIMIT_AS (the memory limit plus 512 MB), RLIMIT_STACK
+(the memory limit, as at AtCoder), RLIMIT_FSIZE (the output cap plus one byte), RLIMIT_NPROC and
+no core dumps; one CPU (sched_setaffinity) when the host names one; oom_score_adj 1000, so that
+an out-of-memory kill takes the program first; and a wall-clock backstop after which the whole
+session is killed. The runner waits on a pidfd, kills the program's process group while its
+leader is still unreaped, then reaps it with wait4 for its CPU time and peak resident memory, and
+finally kills every process of `uid` (or, when not root, every process carrying the run's
+environment marker), removes the System V IPC objects and POSIX message queues of `uid` and wipes
+what `uid` owns in the scratch directories the host names. Inside a container it also reads the
+container's cgroup: CPU used while the case ran (covering processes the program left unreaped)
+and the out-of-memory kill counter.
+"""
+
+import base64
+import json
+import os
+import resource
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+MB = 1024 * 1024
+AS_SLACK = 512 * MB  # address space allowed on top of the memory limit (libraries, untouched reservations)
+STDERR_TAIL = 4096
+COMPILE_LOG = 8192
+CGROUP_CPU = ("/sys/fs/cgroup/cpu.stat", "/sys/fs/cgroup/cpuacct/cpuacct.usage", "/sys/fs/cgroup/cpu,cpuacct/cpuacct.usage")
+CGROUP_OOM = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
+MARKER = "DISCOVER_NATIVE_RUN"
+
+
+def read_message(stream):
+    line = stream.readline()
+    if not line:
+        return None
+    return json.loads(stream.read(int(line)))
+
+
+def reply(token, payload):
+    sys.stdout.write(token + " " + json.dumps(payload) + "\n")
+    sys.stdout.flush()
+
+
+# -- measuring -----------------------------------------------------------------------------------
+
+
+def cgroup_cpu_s():
+    """CPU seconds used by this container's cgroup so far, or None outside one."""
+    for path in CGROUP_CPU:
+        try:
+            with open(path) as f:
+                text = f.read()
+        except OSError:
+            continue
+        if path.endswith("cpu.stat"):
+            for line in text.splitlines():
+                if line.startswith("usage_usec"):
+                    return int(line.split()[1]) / 1e6
+            continue
+        return int(text.strip()) / 1e9
+    return None
+
+
+def cgroup_oom_kills():
+    for path in CGROUP_OOM:
+        try:
+            with open(path) as f:
+                for line in f:
+                    if line.startswith("oom_kill "):
+                        return int(line.split()[1])
+        except OSError:
+            continue
+    return None
+
+
+def tail(path, cap):
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            f.seek(max(0, size - cap))
+            return f.read(cap), size
+    except OSError:
+        return b"", 0
+
+
+# -- processes -----------------------------------------------------------------------------------
+
+
+class Child:
+    """How children of this runner are started and cleaned up after."""
+
+    def __init__(self, job):
+        self.root = os.geteuid() == 0
+        self.uid = job.get("uid") if self.root else None
+        self.gid = job.get("gid", self.uid) if self.root else None
+        self.cpu = job.get("cpu")
+        self.scratch = job.get("scratch", [])
+        self.marker = job["marker"]  # not the reply token: the program can read its environment
+        self.env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", MARKER: self.marker}
+
+    def popen(self, argv, limits, **kw):
+        """Start `argv` under `limits` ({name: (soft, hard)}) as the unprivileged uid."""
+
+        def prepare():  # runs in the child after the uid change, before exec (we are single-threaded)
+            for name, (soft, hard) in limits.items():
+                which = getattr(resource, name)
+                current = resource.getrlimit(which)[1]  # an unprivileged child cannot raise it
+                if current != resource.RLIM_INFINITY:
+                    hard = min(hard, current)
+                resource.setrlimit(which, (min(soft, hard), hard))
+            if self.cpu is not None:
+                try:
+                    os.sched_setaffinity(0, {self.cpu})
+                except OSError:
+                    pass
+            try:
+                with open("/proc/self/oom_score_adj", "w") as f:
+                    f.write("1000")
+            except OSError:
+                pass
+
+        extra = {"user": self.uid, "group": self.gid, "extra_groups": []} if self.uid is not None else {}
+        return subprocess.Popen(argv, env=self.env, start_new_session=True, close_fds=True, preexec_fn=prepare, **extra, **kw)
+
+    def wait(self, proc, wall_s, start):
+        """(timed_out, wait status, rusage, wall seconds since `start`): waits on a pidfd, kills the
+        process group while its leader is unreaped (its pgid cannot be reused), then reaps it."""
+        fd = os.pidfd_open(proc.pid)
+        try:
+            ready, _, _ = select.select([fd], [], [], max(0.0, start + wall_s - time.monotonic()))
+        finally:
+            os.close(fd)
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = 0  # reaped here; keep subprocess from waiting again
+        return not ready, status, usage, time.monotonic() - start
+
+    def clean(self):
+        """Kill everything the child left and remove what it owns; True when nothing is left."""
+        if self.uid is None:
+            return self._kill_marked()
+        ok = False
+        for _ in range(400):
+            # a helper of the uid sends SIGKILL to every process it may signal: all of the uid's
+            # but itself (kill(-1) cannot tell whether there were any, so /proc is checked after)
+            self._as_uid(_kill_all)
+            if not self._uid_pids():
+                ok = True
+                break
+            time.sleep(0.002)
+        if self._owns_something():
+            self._as_uid(self._remove_owned)
+        return ok
+
+    def _as_uid(self, action):
+        """Run `action()` in a forked helper that became the uid; its exit status (1: it raised)."""
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                os.setgroups([])
+                os.setgid(self.gid)
+                os.setuid(self.uid)
+                code = action() or 0
+            except BaseException:
+                pass
+            os._exit(code)
+        return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+    def _owns_something(self):
+        """Whether the uid owns System V IPC objects, message queues or scratch files (looked up as
+        ourselves, so that a helper is forked only when there is something to remove)."""
+        for kind in ("shm", "msg", "sem"):
+            try:
+                with open("/proc/sysvipc/" + kind) as f:
+                    header = f.readline().split()
+                    column = header.index("uid")
+                    if any(int(line.split()[column]) == self.uid for line in f if line.strip()):
+                        return True
+            except (OSError, ValueError, IndexError):
+                continue
+        for top in ["/dev/mqueue", *self.scratch]:
+            try:
+                with os.scandir(top) as entries:
+                    if any(e.stat(follow_symlinks=False).st_uid == self.uid for e in entries):
+                        return True
+            except OSError:
+                continue
+        return False
+
+    def _remove_owned(self):
+        """Runs as uid: its System V IPC objects, message queues and scratch files go."""
+        for tool in ("/usr/bin/ipcrm", "/bin/ipcrm"):
+            if os.path.exists(tool):
+                subprocess.run([tool, "--all"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=self.env, check=False)
+                break
+        for top in ["/dev/mqueue", *self.scratch]:
+            try:
+                names = os.listdir(top)
+            except OSError:
+                continue
+            for name in names:
+                path = os.path.join(top, name)
+                try:
+                    if os.lstat(path).st_uid != self.uid:
+                        continue
+                    if os.path.isdir(path) and not os.path.islink(path):
+                        shutil.rmtree(path, ignore_errors=True)
+                    else:
+                        os.unlink(path)
+                except OSError:
+                    pass
+
+    def _uid_pids(self):
+        found = []
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                with open("/proc/%s/status" % name) as f:
+                    text = f.read()
+                state = text.split("State:", 1)[1].split()[0]
+                uids = [int(u) for u in text.split("Uid:", 1)[1].split()[:4]]
+            except (OSError, IndexError, ValueError):
+                continue
+            if state != "Z" and self.uid in uids:
+                found.append(int(name))
+        return found
+
+    def _kill_marked(self):
+        """Not root: processes that left the session are found by the environment marker."""
+        marker = ("%s=%s" % (MARKER, self.marker)).encode()
+        me = os.getpid()
+        for _ in range(20):
+            found = False
+            for name in os.listdir("/proc"):
+                if not name.isdigit() or int(name) == me:
+                    continue
+                try:
+                    with open("/proc/%s/environ" % name, "rb") as f:
+                        environ = f.read().split(b"\0")
+                except OSError:
+                    continue
+                if marker in environ:
+                    found = True
+                    try:
+                        os.kill(int(name), signal.SIGKILL)
+                    except OSError:
+                        pass
+            if not found:
+                return True
+            time.sleep(0.005)
+        return False
+
+
+def _kill_all():
+    """In a helper of the uid: SIGKILL every process of the uid (and of nobody else)."""
+    os.kill(-1, signal.SIGKILL)
+
+
+# -- the two jobs --------------------------------------------------------------------------------
+
+
+def owned_dir(path, child, mode=0o700):
+    os.mkdir(path, mode)
+    if child.uid is not None:
+        os.chown(path, child.uid, child.gid)
+
+
+def compile_source(setup, child, work):
+    """Compile once as the unprivileged uid; the binary goes to work/bin/main (0755, ours)."""
+    build = os.path.join(work, "build")
+    owned_dir(build, child)
+    src = os.path.join(build, "main.cpp")
+    with open(src, "w", encoding="utf-8") as f:
+        f.write(setup["source"])
+    if child.uid is not None:
+        os.chown(src, child.uid, child.gid)
+    out = os.path.join(build, "a.out")
+    argv = [a.replace("{src}", src).replace("{out}", out) for a in setup["command"]]
+    log_path = os.path.join(work, "io", "compile.log")
+    timeout = float(setup["compile_timeout_s"])
+    limits = {
+        "RLIMIT_CPU": (int(timeout) + 1, int(timeout) + 2),
+        "RLIMIT_AS": (setup["compile_memory_mb"] * MB,) * 2,
+        "RLIMIT_FSIZE": (setup["binary_mb"] * MB,) * 2,
+        "RLIMIT_CORE": (0, 0),
+    }
+    start = time.monotonic()
+    if shutil.which(argv[0], path=child.env["PATH"]) is None:
+        shutil.rmtree(build, ignore_errors=True)
+        return {"ok": False, "seconds": 0.0, "log": "the sandbox has no compiler: %s is not installed" % argv[0], "missing": True}
+    with open(log_path, "wb") as log:
+        child.env["TMPDIR"] = build
+        proc = child.popen(argv, limits, cwd=build, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+        timed_out, status, _, _ = child.wait(proc, timeout, start)
+        del child.env["TMPDIR"]
+    child.clean()
+    text, _ = tail(log_path, COMPILE_LOG)
+    result = {"seconds": time.monotonic() - start, "log": text.decode("utf-8", "replace")}
+    ok = not timed_out and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0 and os.path.isfile(out)
+    if timed_out:
+        result["log"] += "\ncompilation timed out after %g s" % timeout
+    elif os.WIFSIGNALED(status):
+        result["log"] += "\ncompiler killed by signal %d" % os.WTERMSIG(status)
+    if ok:
+        with open(out, "rb") as f:
+            binary = f.read()
+        install_binary(binary, work)
+        result["binary"] = base64.b64encode(binary).decode() if setup.get("return_binary") else None
+    shutil.rmtree(build, ignore_errors=True)
+    result["ok"] = ok
+    return result
+
+
+def install_binary(binary, work):
+    path = os.path.join(work, "bin", "main")
+    with open(path, "wb") as f:
+        f.write(binary)
+    os.chmod(path, 0o755)
+
+
+def run_case(case, setup, child, work):
+    """Run the binary on one input; the raw result, judged by the host."""
+    io = os.path.join(work, "io")
+    paths = {name: os.path.join(io, name) for name in ("input", "stdout", "stderr")}
+    with open(paths["input"], "w", encoding="utf-8") as f:
+        f.write(case["input"])
+    cap = int(setup["output_bytes"])
+    memory = int(setup["memory_mb"]) * MB
+    cpu_hard = int(float(setup["cpu_s"])) + 1  # SIGXCPU at this many CPU seconds, SIGKILL one later
+    limits = {
+        "RLIMIT_CPU": (cpu_hard, cpu_hard + 1),
+        "RLIMIT_AS": (memory + AS_SLACK, memory + AS_SLACK),
+        "RLIMIT_STACK": (memory, memory),
+        "RLIMIT_FSIZE": (cap + 1, cap + 1),
+        "RLIMIT_NPROC": (int(setup["nproc"]), int(setup["nproc"])),
+        "RLIMIT_CORE": (0, 0),
+    }
+    cpu0, oom0 = (cgroup_cpu_s(), cgroup_oom_kills()) if setup.get("cgroup") else (None, None)
+    with open(paths["input"], "rb") as stdin, open(paths["stdout"], "wb") as stdout, open(paths["stderr"], "wb") as stderr:
+        start = time.monotonic()
+        proc = child.popen([os.path.join(work, "bin", "main")], limits, cwd=os.path.join(work, "bin"), stdin=stdin, stdout=stdout, stderr=stderr)
+        timed_out, status, usage, wall = child.wait(proc, float(setup["wall_s"]), start)
+    cpu1, oom1 = (cgroup_cpu_s(), cgroup_oom_kills()) if setup.get("cgroup") else (None, None)
+    clean = child.clean()
+    out, out_size = tail(paths["stdout"], cap)
+    err, _ = tail(paths["stderr"], STDERR_TAIL)
+    for path in paths.values():
+        os.unlink(path)
+    return {
+        "kind": "case",
+        "index": case["index"],
+        "exit_code": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
+        "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
+        "timed_out": timed_out,
+        "cpu_s": usage.ru_utime + usage.ru_stime,
+        "wall_s": wall,
+        "peak_kb": usage.ru_maxrss,
+        "cgroup_cpu_s": None if cpu0 is None or cpu1 is None else cpu1 - cpu0,
+        "oom_kills": None if oom0 is None or oom1 is None else oom1 - oom0,
+        "stdout": base64.b64encode(out).decode(),
+        "stdout_bytes": out_size,
+        "stderr": err.decode("utf-8", "replace"),
+        "clean": clean,
+    }
+
+
+def main():
+    stdin = sys.stdin.buffer
+    setup = read_message(stdin)
+    token = setup["token"]
+    child = Child(setup)
+    for path in setup.get("private_dirs", []):  # inside a container: the program writes no file
+        os.chmod(path, 0o755)
+    work = setup["workdir"]
+    os.makedirs(work, exist_ok=True)
+    os.chmod(work, 0o711)  # the program may enter bin/ (its cwd), nothing else
+    os.mkdir(os.path.join(work, "bin"), 0o711)
+    os.mkdir(os.path.join(work, "io"), 0o700)
+    if "source" in setup:
+        ready = compile_source(setup, child, work)
+    else:
+        install_binary(base64.b64decode(setup["binary"]), work)
+        ready = {"ok": True}
+    reply(token, {"kind": "ready", **ready})
+    clean = True
+    while True:  # the host sends no case after a failed compilation, only "end"
+        message = read_message(stdin)
+        if message is None or message.get("kind") == "end":
+            break
+        result = run_case(message, setup, child, work)
+        clean = clean and result["clean"]
+        reply(token, result)
+    clean = child.clean() and clean
+    shutil.rmtree(work, ignore_errors=True)
+    reply(token, {"kind": "end", "clean": clean})
+
+
+if __name__ == "__main__":
+    main()
