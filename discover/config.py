@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 ReuseRule = Literal["puct", "epsilon-greedy", "none"]
 Objective = Literal["entropic-adaptive", "entropic-constant", "expected", "none"]
 SandboxBackend = Literal["auto", "process", "docker"]
+EvaluationRunner = Literal["local", "dask", "ray"]
 
 EMBEDDED_MODEL = "tiny"  # the tiny model the project builds offline (discover/policy/tiny_model.py)
 EMBEDDED_MODELS = (EMBEDDED_MODEL, "tiny-qwen3")  # and a Qwen3-architecture one (discover/policy/qwen3_model.py)
@@ -119,6 +120,29 @@ class SandboxConfig(_Section):
     concurrency: int = Field(2, ge=1, description="candidates evaluated at once")
 
 
+class EvaluationConfig(_Section):
+    """Where candidates are evaluated (README, Operations: "Evaluation on a cluster").
+
+    Changing this section never changes a run's results, so a run may resume on another runner.
+    """
+
+    runner: EvaluationRunner = Field(
+        "local", description="'local': threads of the flow's process; 'dask' or 'ray': a cluster, one task per candidate"
+    )
+    address: str | None = Field(
+        None, description="an existing cluster (dask: 'tls://host:8786', ray: 'ray://host:10001' or 'auto'); null: a local cluster on loopback for the run"
+    )
+    workers: int = Field(2, ge=1, description="worker processes of a local cluster started for the run")
+    overlap: bool = Field(True, description="evaluate each rollout as soon as it is generated (same results either way)")
+    retries: int = Field(2, ge=0, description="retries of a candidate whose evaluation failed for infrastructure reasons")
+
+    @model_validator(mode="after")
+    def _address_needs_a_cluster(self) -> "EvaluationConfig":
+        if self.address is not None and self.runner == "local":
+            raise ValueError(f"evaluation.address {self.address!r} needs evaluation.runner 'dask' or 'ray'")
+        return self
+
+
 class RunConfig(_Section):
     """One discovery run: one problem, one model, a fixed number of training steps."""
 
@@ -133,6 +157,7 @@ class RunConfig(_Section):
     reuse: ReuseConfig = ReuseConfig()
     sampling: SamplingConfig = SamplingConfig()
     sandbox: SandboxConfig = SandboxConfig()
+    evaluation: EvaluationConfig = EvaluationConfig()
     problem_options: dict[str, Any] = Field(default_factory=dict, description="problem-specific settings")
 
     @field_validator("problem")

@@ -61,7 +61,8 @@ class Run:
         layout = RunLayout(config.run_dir)
         if layout.config.is_file():
             existing = load_config(layout.config)
-            if existing.model_dump(exclude={"run_dir"}) != config.model_dump(exclude={"run_dir"}):
+            same = {"run_dir", "evaluation"}  # where a run is written or evaluated never changes its results
+            if existing.model_dump(exclude=same) != config.model_dump(exclude=same):
                 raise RunDirError(
                     f"{config.run_dir} already holds a run with another configuration; "
                     "resume it with `discover resume`, or choose a new run_dir"

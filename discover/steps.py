@@ -13,21 +13,20 @@ import json
 import logging
 import shutil
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from discover.archive import Archive, State, update_archive as apply_archive_update
 from discover.config import RunConfig
+from discover.evaluation import StepEvaluation, thread_pool
 from discover.objectives import group_advantages
 from discover.preflight import preflight
 from discover.prompts import build_context
 from discover.records import Evaluation, Rollout
 from discover.reuse import select_parents as choose_parents
 from discover.run import Ref, Run, load_archive, read_evaluations, read_rollouts, save_archive
-from evaluators.base import EvalResult, ParentView, Problem
 from evaluators.sandbox import sandbox_for
 from storage.atomic import atomic_dir, atomic_write_json
 from storage.tables import write_records
@@ -116,8 +115,12 @@ def select_parents(run_dir: Path, step: int) -> Ref:
     return run.ref(out)
 
 
-def generate(run_dir: Path, step: int) -> Ref:
-    """SPEC §1.2 and §4: K rollouts per context from the policy of this step, with log-probs."""
+def generate(run_dir: Path, step: int, on_rollout: Callable[[Rollout], None] | None = None) -> Ref:
+    """SPEC §1.2 and §4: K rollouts per context from the policy of this step, with log-probs.
+
+    `on_rollout` sees each rollout as soon as the policy finishes it (discover/evaluation.py starts
+    evaluating it there); the file written is the same with or without it, in (group, index) order.
+    """
     from discover.policy import GenerationSettings, load_policy
 
     run = Run.open(run_dir)
@@ -133,12 +136,14 @@ def generate(run_dir: Path, step: int) -> Ref:
         think_end=s.think_end,
     )
     t0 = time.time()
-    samples = policy.sample([g["context"] for g in parents], config.rollouts_per_group, settings, run.seed("generate", step))
-    rollouts = [
-        Rollout.of(c, group=g["group"], index=k, parent_id=g["parent_id"])
-        for g, completions in zip(parents, samples)
-        for k, c in enumerate(completions)
-    ]
+    contexts = [g["context"] for g in parents]
+    rollouts = []
+    for g, k, completion in policy.sample_stream(contexts, config.rollouts_per_group, settings, run.seed("generate", step)):
+        rollout = Rollout.of(completion, group=parents[g]["group"], index=k, parent_id=parents[g]["parent_id"])
+        rollouts.append(rollout)
+        if on_rollout is not None:
+            on_rollout(rollout)
+    rollouts.sort(key=lambda r: (r.group, r.index))
     out = run.writes("generate", step)
     write_records(out, rollouts, Rollout)
     tokens = sum(len(r.completion_ids) for r in rollouts)
@@ -146,33 +151,22 @@ def generate(run_dir: Path, step: int) -> Ref:
     return run.ref(out)
 
 
-def evaluate_candidate(problem: Problem, sandbox: Any, answer: str, parent: ParentView | None) -> tuple[EvalResult, str, float]:
-    """Parse one answer and score its candidate: (verdict, candidate, seconds)."""
-    t0 = time.time()
-    candidate = problem.parse(answer)
-    if candidate is None:
-        return EvalResult.invalid("no candidate found in the answer"), "", time.time() - t0
-    return problem.evaluate(candidate, parent, sandbox), candidate, time.time() - t0
+def evaluate(run_dir: Path, step: int, evaluation: StepEvaluation | None = None) -> Ref:
+    """SPEC §1.3: parse each rollout into a candidate and score it in the problem's sandbox.
 
-
-def evaluate(run_dir: Path, step: int) -> Ref:
-    """SPEC §1.3: parse each rollout into a candidate and score it in the problem's sandbox."""
+    `evaluation` is the step's evaluation already under way (candidates submitted while they were
+    generated, on the engine the flow chose); without it, the candidates run on a thread pool here.
+    Either way each distinct candidate is evaluated once and stored as it finishes, so this task,
+    run again, evaluates only what had not finished (discover/evaluation.py).
+    """
     run = Run.open(run_dir)
-    config, inputs = run.config, run.reads("evaluate", step)
-    problem = run.problem()
-    archive = load_archive(inputs["archive"])
-    rollouts = read_rollouts(inputs["rollouts"])
-    sandbox = sandbox_for(problem, config.sandbox.backend, config.sandbox.concurrency)
-    views = {r.parent_id: ParentView(archive[r.parent_id].code, archive[r.parent_id].construction) for r in rollouts}
+    rollouts = read_rollouts(run.reads("evaluate", step)["rollouts"])
     t0 = time.time()
-    with ThreadPoolExecutor(max_workers=config.sandbox.concurrency) as pool:
-        futures = [pool.submit(evaluate_candidate, problem, sandbox, r.answer, views[r.parent_id]) for r in rollouts]
-        evaluations = []
-        for i, (r, f) in enumerate(zip(rollouts, futures)):
-            result, candidate, seconds = f.result()
-            evaluations.append(Evaluation.of(r, step, result, candidate, seconds))
-            if problem.needs_sandbox and (i + 1) % max(1, len(futures) // 10) == 0:
-                log.info("step %d evaluate: %d/%d candidates", step, i + 1, len(futures))
+    if evaluation is None:
+        with thread_pool(run.config.sandbox.concurrency) as submit:
+            evaluations = StepEvaluation(run.root, step, submit).collect(rollouts)
+    else:
+        evaluations = evaluation.collect(rollouts)
     out = run.writes("evaluate", step)
     write_records(out, evaluations, Evaluation)
     rewards = [e.reward for e in evaluations]

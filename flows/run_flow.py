@@ -11,6 +11,7 @@ from prefect import flow
 from discover import steps
 from discover.run import Run
 from flows import artifacts, tasks
+from flows.engines import evaluation_engine
 from flows.step_flow import discovery_step
 from storage.manifest import finished_steps
 
@@ -63,10 +64,12 @@ def discovery_run(
     start = finished_steps(run.layout.manifest)
     if start:
         log.info("resuming %s at step %d of %d", run_dir, start, config_.steps)
-    for step in range(start, config_.steps):
-        log.info("step %d/%d", step + 1, config_.steps)
-        discovery_step(run_dir, step)
-        _quietly(artifacts.publish_step, run_dir, step)
+    if start < config_.steps:
+        with evaluation_engine(config_) as task_runner:  # a local cluster lives as long as the run
+            for step in range(start, config_.steps):
+                log.info("step %d/%d", step + 1, config_.steps)
+                discovery_step.with_options(task_runner=task_runner())(run_dir, step)
+                _quietly(artifacts.publish_step, run_dir, step)
     report = _quietly(artifacts.publish_report, run_dir)
     best = steps.best_state(Path(run_dir))
     log.info("best state %s: reward %.6f", best.id, best.reward)

@@ -1,4 +1,9 @@
-"""One training step as a Prefect flow: select → generate → evaluate → archive → train (SPEC §1)."""
+"""One training step as a Prefect flow: select → generate → evaluate → archive → train (SPEC §1).
+
+The step's candidates are tasks of this flow's task runner (flows/engines.py; the run flow sets
+it): with `evaluation.overlap` each starts as soon as its rollout is generated, so generation and
+evaluation overlap; `evaluate` then waits for the last of them and writes the step's table.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,9 @@ from pathlib import Path
 
 from prefect import flow
 
+from discover.run import Run
 from flows import tasks
+from flows.evaluation import step_evaluation
 from storage.layout import RunLayout
 
 
@@ -27,8 +34,6 @@ def result_storage(run_dir: str) -> Path | str:
     if not shared:
         return layout.prefect_results.resolve()
     if shared.startswith("/"):
-        from discover.run import Run
-
         return Path(shared) / Run.open(run_dir).run_id
     return shared  # a block document slug, "<block-type>/<block-name>"
 
@@ -38,12 +43,13 @@ def discovery_step(run_dir: str, step: int) -> dict[str, dict[str, str]]:
     """Run the five tasks of `step`; a task whose inputs are unchanged comes from the cache."""
     storage = result_storage(run_dir)
 
-    def run(t):  # a task, with this run's result storage
-        return t.with_options(result_storage=storage, result_serializer="json")(run_dir, step)
+    def run(t, **kwargs):  # a task, with this run's result storage
+        return t.with_options(result_storage=storage, result_serializer="json")(run_dir, step, **kwargs)
 
     parents = run(tasks.select_parents)
-    rollouts = run(tasks.generate)
-    evaluations = run(tasks.evaluate)
+    with step_evaluation(run_dir, step):
+        rollouts = run(tasks.generate, overlap=Run.open(run_dir).config.evaluation.overlap)
+        evaluations = run(tasks.evaluate)
     archive = run(tasks.update_archive)
     checkpoint = run(tasks.train)
     return {"parents": parents, "rollouts": rollouts, "evaluations": evaluations, "archive": archive, "checkpoint": checkpoint}

@@ -3,6 +3,9 @@
 Cache keys come from flows/cache.py (the task's source, its step function's source, the run id,
 the step and the hashes of exactly the files the task reads). Retries are for infrastructure only:
 a candidate's own failure is a reward of 0 inside `evaluate`, never an exception.
+
+With overlap, `generate` hands each rollout to the step's evaluation (flows/evaluation.py) as it
+is finished; `evaluate` waits for the last candidate and writes the step's table.
 """
 
 from __future__ import annotations
@@ -18,44 +21,27 @@ from prefect import task
 from discover import steps
 from discover.run import Run, RunDirError
 from flows.cache import step_cache_policy
+from flows.evaluation import GPU_LIMIT_ENV, current_evaluation, retry_infrastructure_only
 from storage.manifest import record_task
 
-# The global concurrency limit of the GPUs of this worker's pool (set in the pool's job variables,
-# see prefect.yaml); an evaluate task of a problem that needs a GPU holds one slot per candidate it
-# runs at once (sandbox.concurrency), so evaluations never exceed the pool's GPUs.
-GPU_LIMIT_ENV = "DISCOVER_GPU_LIMIT"
 
-# Failures of infrastructure are retried; a bad configuration or run directory is not.
-_NO_RETRY = (ValueError, KeyError, TypeError, RunDirError)
-
-
-def _retry_infrastructure_only(task: Any, task_run: Any, state: Any) -> bool:
-    try:
-        state.result()
-    except _NO_RETRY:
-        return False
-    except Exception:
-        return True
-    return False
-
-
-def _gpu_slots(run: Run, name: str) -> ContextManager[Any]:
-    """Slots of the pool's GPU limit for a task that evaluates (evaluate, and initialise, which scores
-    program seeds) when the problem needs a GPU; else nothing."""
+def _seed_gpu_slots(run: Run) -> ContextManager[Any]:
+    """Initialise scores program seeds in this process, `sandbox.concurrency` at once: it holds that
+    many slots of the pool's GPU limit when the problem needs a GPU (a candidate of a step holds one,
+    flows/evaluation.py); else nothing."""
     limit = os.environ.get(GPU_LIMIT_ENV)
-    if name not in ("evaluate", "initialise") or not limit or not run.problem().needs_gpu:
+    if not limit or not run.problem().needs_gpu:
         return nullcontext()
     from prefect.concurrency.sync import concurrency
 
     return concurrency(limit, occupy=run.config.sandbox.concurrency, strict=True)
 
 
-def _run_step(name: str, run_dir: str, step: int) -> dict[str, str]:
+def _run_step(name: str, run_dir: str, step: int, **kwargs: Any) -> dict[str, str]:
     """Call `discover.steps.<name>` and record it in the run's manifest."""
     run = Run.open(Path(run_dir))
     started = time.time()
-    with _gpu_slots(run, name):
-        ref = getattr(steps, name)(Path(run_dir), step)
+    ref = getattr(steps, name)(Path(run_dir), step, **kwargs)
     record_task(run.layout.manifest, step, name, ref, started, time.time())
     return ref
 
@@ -67,7 +53,7 @@ def _step_task(name: str) -> Callable[[Callable[..., Any]], Any]:
         persist_result=True,
         retries=2,
         retry_delay_seconds=[10, 60],
-        retry_condition_fn=_retry_infrastructure_only,
+        retry_condition_fn=retry_infrastructure_only,
     )
 
 
@@ -77,13 +63,15 @@ def select_parents(run_dir: str, step: int) -> dict[str, str]:
 
 
 @_step_task("generate")
-def generate(run_dir: str, step: int) -> dict[str, str]:
-    return _run_step("generate", run_dir, step)
+def generate(run_dir: str, step: int, overlap: bool = False) -> dict[str, str]:
+    """With `overlap`, each rollout starts evaluating as soon as it is finished (`step_evaluation`)."""
+    evaluation = current_evaluation(run_dir, step) if overlap else None
+    return _run_step("generate", run_dir, step, on_rollout=evaluation.add if evaluation is not None else None)
 
 
 @_step_task("evaluate")
 def evaluate(run_dir: str, step: int) -> dict[str, str]:
-    return _run_step("evaluate", run_dir, step)
+    return _run_step("evaluate", run_dir, step, evaluation=current_evaluation(run_dir, step))
 
 
 @_step_task("update_archive")
@@ -96,8 +84,8 @@ def train(run_dir: str, step: int) -> dict[str, str]:
     return _run_step("train", run_dir, step)
 
 
-@task(name="initialise", retries=1, retry_delay_seconds=10, retry_condition_fn=_retry_infrastructure_only)
+@task(name="initialise", retries=1, retry_delay_seconds=10, retry_condition_fn=retry_infrastructure_only)
 def initialise(run_dir: str) -> dict[str, Any]:
     """The run's seeds and initial adapter, each written once (idempotent; runs on every resume)."""
-    with _gpu_slots(Run.open(Path(run_dir)), "initialise"):
+    with _seed_gpu_slots(Run.open(Path(run_dir))):
         return steps.initialise(Path(run_dir))

@@ -8,6 +8,7 @@
       steps/0003/parents.json      select_parents: the chosen start states and their contexts
       steps/0003/rollouts.parquet  generate: tokens, sampler log-probabilities, text
       steps/0003/evaluations.parquet  evaluate: reward, validity, reason, child state per rollout
+      steps/0003/candidates/<key>.json  one evaluated candidate each, as it finishes (resume keeps them)
       steps/0003/train.json        train: loss, beta and advantage statistics
       checkpoints/0003/            the policy used at step 3: LoRA adapter, optimizer state, RNG state
 """
@@ -53,6 +54,10 @@ class RunLayout:
 
     def evaluations(self, step: int) -> Path:
         return self.step_dir(step) / "evaluations.parquet"
+
+    def candidates(self, step: int) -> Path:
+        """One result file per distinct candidate of the step (storage/candidates.py)."""
+        return self.step_dir(step) / "candidates"
 
     def train_stats(self, step: int) -> Path:
         return self.step_dir(step) / "train.json"

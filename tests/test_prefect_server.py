@@ -1,7 +1,8 @@
 """Production shape on one machine: a real Prefect server, deployments from prefect.yaml, workers.
 
-One test, in order: a server on loopback with its default SQLite database; pools, limits and every
-deployment of prefect.yaml; a process worker completes a two-step toy run; a second run's worker is
+One test, in order: a server on loopback with its default SQLite database and authentication on (a
+request without the credentials is refused; the CLI, the workers and the deployments carry them);
+pools, limits and every deployment of prefect.yaml; a process worker completes a two-step toy run; a second run's worker is
 killed inside a step and `prefect flow-run retry` finishes it without repeating a finished task,
 with the archive of an uninterrupted CLI run; a manual trigger of the re-evaluation deployment
 writes its table, and its cron schedule reads back from the API. Every process group started here
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import signal
 import socket
 import subprocess
@@ -104,7 +106,10 @@ def test_deployments_workers_kill_retry_and_scheduled_reevaluation(tmp_path: Pat
             "OMP_NUM_THREADS": "1",
         }
     )
-    env = dict(base_env, PREFECT_HOME=str(tmp_path / "prefect-home"), PREFECT_API_URL=api)
+    user, password = "discover", secrets.token_urlsafe(16)
+    # Clients carry the credentials (README, Operations: "Securing the server and the cluster").
+    env = dict(base_env, PREFECT_HOME=str(tmp_path / "prefect-home"), PREFECT_API_URL=api, PREFECT_API_AUTH_STRING=f"{user}:{password}")
+    http = httpx.Client(auth=(user, password), timeout=10)
     for name in ("deployed", "killed", "cli"):
         (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(_config(tmp_path / name)))
 
@@ -118,15 +123,17 @@ def test_deployments_workers_kill_retry_and_scheduled_reevaluation(tmp_path: Pat
         return re.search(r"UUID: ([0-9a-f-]{36})", out).group(1)
 
     def state(flow_run_id: str) -> str:
-        return httpx.get(f"{api}/flow_runs/{flow_run_id}", timeout=10).json()["state"]["type"]
+        return http.get(f"{api}/flow_runs/{flow_run_id}").json()["state"]["type"]
 
     def wait_state(flow_run_id: str, wanted: str, worker: str, timeout: float = 240) -> None:
         final = _wait(f"flow run {flow_run_id} to reach {wanted}", lambda: (s := state(flow_run_id)) in TERMINAL | {wanted} and s, timeout, lambda: procs.log(worker))
         assert final == wanted, f"flow run {flow_run_id} ended {final}, not {wanted}:\n{procs.log(worker)[-4000:]}"
 
     try:
-        # 1. A server on loopback, SQLite under PREFECT_HOME; then pools, limits and deployments.
-        procs.start("server", [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)], dict(env, PREFECT_UI_ENABLED="false"))
+        # 1. A server on loopback, SQLite under PREFECT_HOME, authentication on; then pools, limits
+        # and deployments.
+        server_env = dict(env, PREFECT_UI_ENABLED="false", PREFECT_SERVER_API_AUTH_STRING=f"{user}:{password}")
+        procs.start("server", [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)], server_env)
 
         def healthy() -> bool:
             try:
@@ -136,6 +143,13 @@ def test_deployments_workers_kill_retry_and_scheduled_reevaluation(tmp_path: Pat
 
         _wait("the Prefect server to answer /api/health", healthy, 90, lambda: procs.log("server"))
         assert (tmp_path / "prefect-home" / "prefect.db").is_file()  # the default SQLite database
+        # Without the credentials, or with wrong ones, the API refuses: over HTTP and from the CLI.
+        assert httpx.post(f"{api}/deployments/filter", json={}, timeout=10).status_code == 401
+        assert httpx.post(f"{api}/deployments/filter", json={}, auth=(user, "wrong"), timeout=10).status_code == 401
+        assert http.post(f"{api}/deployments/filter", json={}).status_code == 200
+        anonymous = {k: v for k, v in env.items() if k != "PREFECT_API_AUTH_STRING"}
+        refused = subprocess.run([str(BIN / "prefect"), "--no-prompt", "work-pool", "ls"], cwd=REPO, env=anonymous, capture_output=True, text=True, timeout=120)
+        assert refused.returncode != 0 and "401" in refused.stdout + refused.stderr, refused.stdout + refused.stderr
         # The uninterrupted reference: the same configuration through the CLI, beside the workers.
         procs.start("cli", [sys.executable, "-m", "cli", "run", str(tmp_path / "cli.yaml")], env)
         infra = subprocess.run([sys.executable, "-m", "cli", "setup"], cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
@@ -153,7 +167,7 @@ def test_deployments_workers_kill_retry_and_scheduled_reevaluation(tmp_path: Pat
         report = deployed / "report" / "report.md"
         images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", report.read_text())
         assert images and all((report.parent / i).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for i in images)
-        keys = {a["key"] for a in httpx.post(f"{api}/artifacts/filter", json={}, timeout=10).json()}
+        keys = {a["key"] for a in http.post(f"{api}/artifacts/filter", json={}).json()}
         assert {k.rsplit("-", 1)[1] for k in keys if k and k.startswith("discover-")} >= {"steps", "rewards", "report"}
 
         # 2. A worker killed inside step 1's evaluate task (the task announces itself and waits).
@@ -203,13 +217,14 @@ def test_deployments_workers_kill_retry_and_scheduled_reevaluation(tmp_path: Pat
         rows = pq.read_table(tables[0]).to_pylist()
         children = [r for r in read_archive(deployed / "archive" / "0002.parquet")[0] if not r["is_seed"]]
         assert len(rows) == min(3, len(children)) > 0 and all(r["valid"] and r["reward"] == pytest.approx(r["archived_reward"]) for r in rows)
-        limit = httpx.get(f"{api}/v2/concurrency_limits/gpu-h100", timeout=10).json()
+        limit = http.get(f"{api}/v2/concurrency_limits/gpu-h100").json()
         assert limit["limit"] == 8 and limit["active_slots"] == 0  # slots taken per candidate, all given back
 
-        deployment = httpx.get(f"{api}/deployments/name/reevaluate/gpu-h100", timeout=10).json()
+        deployment = http.get(f"{api}/deployments/name/reevaluate/gpu-h100").json()
         schedules = [s["schedule"] for s in deployment["schedules"] if s["active"]]
         assert schedules == [{"cron": "0 3 * * *", "timezone": "UTC", "day_or": True}] or [
             (s.get("cron"), s.get("timezone")) for s in schedules
         ] == [("0 3 * * *", "UTC")], schedules
     finally:
         procs.kill_all()
+        http.close()

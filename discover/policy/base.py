@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Iterator, Protocol
 
 import pyarrow as pa
 
@@ -58,6 +58,7 @@ class Policy(Protocol):
     A backend is built by `discover.policy.load_policy(model_config, adapter_dir, seed)`: the base
     model (which a backend may keep resident in its worker process) with the LoRA adapter read from
     `adapter_dir`, or a freshly initialised one from `seed` when `adapter_dir` is None.
+    A backend subclasses this protocol to inherit the defaults (`sample_stream`).
     """
 
     def sample(
@@ -65,6 +66,18 @@ class Policy(Protocol):
     ) -> list[list[Completion]]:
         """`k` completions per context (SPEC §1.2, §4) with per-token sampler log-probs."""
         ...
+
+    def sample_stream(
+        self, contexts: list[str], k: int, settings: GenerationSettings, seed: int
+    ) -> Iterator[tuple[int, int, Completion]]:
+        """The completions of `sample(...)` as (context index, index among its k, completion), each
+        yielded as soon as it is finished, so that its evaluation can start while the others are
+        generated. The same completions as `sample` with the same arguments, in any order.
+        This default yields them once `sample` has returned them all; a backend that finishes
+        completions one by one overrides it."""
+        for i, completions in enumerate(self.sample(contexts, k, settings, seed)):
+            for j, completion in enumerate(completions):
+                yield i, j, completion
 
     def train_step(
         self, batch: TrainBatch, train: Any, temperature: float = 1.0, optimizer_state: Path | None = None

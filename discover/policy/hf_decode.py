@@ -33,9 +33,10 @@ class _Row:
 class HFDecodeEngine:
     """Continues token prompts with a causal LM (any transformers model with a KV cache).
 
-    Submitted requests wait until `poll`, which decodes all of them together (in batches of
-    `MAX_SAMPLE_BATCH`) with one generator seeded by the first request's seed: the same
-    submissions in the same order give the same tokens.
+    Submitted requests wait until `poll`, which decodes the oldest `MAX_SAMPLE_BATCH` of them
+    together with one generator seeded by the first one's seed, and returns those: the same
+    submissions in the same order give the same tokens, and a caller streaming completions gets
+    each batch as soon as it is decoded (its evaluation can start while the next batch decodes).
     """
 
     def __init__(self, model, tokenizer, device: torch.device, eos_ids: set[int], max_context: int | None):
@@ -56,14 +57,13 @@ class HFDecodeEngine:
     def poll(self) -> list[tuple[Any, PhaseOutput]]:
         if not self._queue:
             return []
-        batch, self._queue = self._queue, []
+        batch, self._queue = self._queue[:MAX_SAMPLE_BATCH], self._queue[MAX_SAMPLE_BATCH:]
         temperatures = {t for _, _, t, _ in batch}
         if len(temperatures) != 1:
             raise ValueError(f"one temperature per batch, got {sorted(temperatures)}")
         rows = [_Row(req) for _, req, _, _ in batch]
         gen = torch.Generator(device=self.device).manual_seed(batch[0][3] % (2**63))
-        for start in range(0, len(rows), MAX_SAMPLE_BATCH):
-            self._decode(rows[start : start + MAX_SAMPLE_BATCH], batch[0][2], gen)
+        self._decode(rows, batch[0][2], gen)
         return [(key, PhaseOutput(r.tokens, r.logps, r.stop or "length")) for (key, _, _, _), r in zip(batch, rows)]
 
     def _finished(self, row: _Row, token: int) -> bool:

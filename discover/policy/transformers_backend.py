@@ -26,7 +26,7 @@ from typing import Iterator
 import torch
 
 from discover.config import EMBEDDED_MODEL, ModelConfig, TrainConfig
-from discover.policy.base import Completion, GenerationSettings, TrainBatch
+from discover.policy.base import Completion, GenerationSettings, Policy, TrainBatch
 from discover.policy.chat_format import ChatFormat, chat_format_for
 from discover.policy.hf_decode import HFDecodeEngine
 from discover.policy.packing import pack_by_tokens
@@ -107,7 +107,7 @@ def _atomic_replace_dir(tmp: Path, target: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-class TransformersPolicy:
+class TransformersPolicy(Policy):
     """A causal LM with one LoRA adapter (trainable), on transformers + peft."""
 
     def __init__(self, tokenizer, model, model_config: ModelConfig):

@@ -25,7 +25,7 @@ from typing import Any, Iterator
 
 from discover.config import ModelConfig, TrainConfig
 from discover.policy import placement, vllm_engine
-from discover.policy.base import Completion, GenerationSettings, TrainBatch
+from discover.policy.base import Completion, GenerationSettings, Policy, TrainBatch
 from discover.policy.chat_format import chat_format_for
 from discover.policy.transformers_backend import TransformersPolicy, resolve_model_path
 from discover.policy.two_phase import PhaseOutput, PhaseRequest, stream_two_phase
@@ -165,7 +165,7 @@ class VLLMPhaseEngine:
             self._pending.clear()
 
 
-class VLLMPolicy:
+class VLLMPolicy(Policy):
     """Generation on vLLM, training and saving on the resident transformers + peft trainer."""
 
     def __init__(self, model: ModelConfig, adapter_dir: Path | None = None, seed: int = 0):

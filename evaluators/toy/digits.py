@@ -20,6 +20,7 @@ Why both parts of TTT-Discover matter here:
 from __future__ import annotations
 
 import re
+import time
 from typing import Any
 
 import numpy as np
@@ -33,9 +34,16 @@ class DigitsProblem(BaseProblem):
     name = "toy"
     needs_sandbox = False
 
-    def __init__(self, length: int = 96, chunk: int = 4, period: int | None = 4, target_seed: int = 20260121):
+    def __init__(
+        self, length: int = 96, chunk: int = 4, period: int | None = 4, target_seed: int = 20260121, eval_delay_s: float = 0.0
+    ):
         if length < 1 or chunk < 1 or (period is not None and period < 1):
             raise ValueError("length, chunk and period must be at least 1")
+        if eval_delay_s < 0:
+            raise ValueError("eval_delay_s must be at least 0")
+        # Seconds each evaluation waits before scoring: stands in for a real evaluator's run time
+        # in benchmarks/pipeline.py and the tests of distributed evaluation. Default 0.
+        self.eval_delay_s = float(eval_delay_s)
         self.length = length
         self.chunk = chunk
         # The target repeats a random motif of `period` digits (None: no repetition). With the
@@ -56,6 +64,8 @@ class DigitsProblem(BaseProblem):
         return "".join(digits) if digits else None
 
     def evaluate(self, candidate: str, parent: ParentView | None, sandbox: Any = None) -> EvalResult:
+        if self.eval_delay_s:
+            time.sleep(self.eval_delay_s)
         prefix = parent.construction if parent is not None else ""
         if not isinstance(prefix, str):
             return EvalResult.invalid("parent construction is not a digit string")

@@ -13,7 +13,12 @@ NAME is a step task (select_parents, generate, evaluate, update_archive, train; 
 end: before the task runs, or after its output is written but before it is recorded), or a point
 of the run's initialisation: create_run (end: config.yaml written), initialise (start),
 save_archive (end: archive STEP written), atomic_dir (end: a checkpoint STEP written to its
-temporary folder, not yet renamed).
+temporary folder, not yet renamed), or `candidate` with PHASE a number N: right after the N-th
+candidate result of step STEP is stored (storage/candidates.py).
+
+- DISCOVER_EVAL_LOG=PATH appends one line "STEP KEY PID" to PATH each time a candidate is really
+  evaluated (discover.evaluation.run_job), in whichever process runs it (engine workers too), so
+  a test can count evaluations.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from pathlib import Path
 
 CRASH = os.environ.get("DISCOVER_CRASH_AT", "")
 HOLD = os.environ.get("DISCOVER_HOLD_AT", "")
+EVAL_LOG = os.environ.get("DISCOVER_EVAL_LOG", "")
 TASKS = ("select_parents", "generate", "evaluate", "update_archive", "train")
 
 
@@ -48,9 +54,9 @@ def _wrap_task(steps, name: str) -> None:
     original = getattr(steps, name)
 
     @functools.wraps(original)  # the cache key hashes the unwrapped source: keys are unchanged
-    def wrapped(run_dir, step):
+    def wrapped(run_dir, step, **kwargs):
         _at(name, int(step), "start", run_dir)
-        ref = original(run_dir, step)
+        ref = original(run_dir, step, **kwargs)
         _at(name, int(step), "end", run_dir)
         return ref
 
@@ -88,6 +94,36 @@ def _install() -> None:
 
     steps.create_run, steps.initialise, steps.save_archive, steps.atomic_dir = create, init, save, atomic
 
+    from storage.candidates import CandidateStore
+
+    put, stored = CandidateStore.put, {}
+
+    @functools.wraps(put)
+    def counted_put(self, key, result):
+        put(self, key, result)
+        step = _step_of(self.folder.parent)
+        stored[step] = stored.get(step, 0) + 1
+        _at("candidate", step, str(stored[step]))
+
+    CandidateStore.put = counted_put
+
+
+def _log_evaluations() -> None:
+    from discover import evaluation
+
+    run_job = evaluation.run_job
+
+    @functools.wraps(run_job)
+    def logged(job):
+        result = run_job(job)
+        with open(EVAL_LOG, "a") as f:
+            f.write(f"{job.step} {job.key} {os.getpid()}\n")
+        return result
+
+    evaluation.run_job = logged
+
 
 if CRASH or HOLD:
     _install()
+if EVAL_LOG:
+    _log_evaluations()

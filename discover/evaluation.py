@@ -1,0 +1,230 @@
+"""The evaluation of one step (SPEC §1.3), one candidate at a time, wherever candidates run.
+
+Each rollout's answer is parsed here, in the flow's process; a candidate (the parsed program or
+construction, with the parent it extends) becomes a `CandidateJob` of plain data that any worker of
+the evaluation engine can run with `run_job`: it rebuilds the problem from the run's configuration
+and scores the candidate in the problem's sandbox on that worker. Nothing here knows the engine:
+the caller gives `submit(job) -> future` (a thread pool by default; flows/ gives Prefect's task
+runner on Dask or Ray).
+
+One result per candidate (DESIGN.md, "Retry, cache, resume"): its key is the run id, the step, the
+candidate's content hash and the evaluator's source. A result is stored (storage/candidates.py) as
+soon as it comes back, so a step killed in the middle of its evaluation resumes with only the
+unfinished candidates, and a program seen twice in a step is evaluated once. Rollouts can be added
+while they are being generated (`add`), which is how generation and evaluation overlap.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import logging
+import queue
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from discover.records import Evaluation, Rollout, child_id
+from discover.run import Run, load_archive, make_problem
+from evaluators.base import EvalResult, ParentView, Problem
+from storage.candidates import CandidateStore
+
+log = logging.getLogger("discover")
+
+NO_CANDIDATE = "no candidate found in the answer"
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What one candidate needs from the worker that runs it: the engine's resource request."""
+
+    cpus: int
+    memory_mb: int
+    gpus: int
+
+    @classmethod
+    def of(cls, problem: Problem) -> "Resources":
+        return cls(cpus=int(problem.limits.cpus), memory_mb=int(problem.limits.memory_mb), gpus=1 if problem.needs_gpu else 0)
+
+
+@dataclass(frozen=True)
+class CandidateJob:
+    """One distinct candidate of a step, as plain data a worker on another machine can run."""
+
+    key: str  # run id, step, content hash, evaluator source
+    step: int
+    child_id: str  # the first rollout that proposed it (for names in logs and the UI)
+    candidate: str
+    parent_code: str
+    parent_construction: Any
+    config_json: str  # the run's configuration: problem, options, limits, sandbox backend
+    resources: Resources
+
+
+def evaluator_source(problem: Problem) -> str:
+    """A hash of the problem's evaluator: every module of its domain folder and of its base classes."""
+    files: set[Path] = set()
+    for cls in type(problem).__mro__:
+        module = inspect.getmodule(cls)
+        if module is None or not module.__name__.startswith("evaluators."):
+            continue
+        path = Path(inspect.getfile(module))
+        files.add(path)
+        if module.__name__.count(".") >= 2:  # evaluators/<domain>/<module>.py: the whole domain
+            files.update(path.parent.glob("*.py"))
+    h = hashlib.sha256(inspect.getsource(run_job).encode())
+    for path in sorted(files):
+        h.update(path.name.encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()
+
+
+def candidate_key(run_id: str, step: int, candidate: str, parent: ParentView, evaluator: str) -> str:
+    """The cache key of one candidate of a step (the same program from the same parent: one key)."""
+    content = hashlib.sha256(
+        json.dumps([candidate, parent.code, parent.construction], sort_keys=True, allow_nan=True).encode()
+    ).hexdigest()
+    return hashlib.sha256(json.dumps([run_id, step, content, evaluator]).encode()).hexdigest()
+
+
+@lru_cache(maxsize=8)
+def _problem(config_json: str) -> Problem:
+    from discover.config import RunConfig
+
+    return make_problem(RunConfig.model_validate_json(config_json))
+
+
+def run_job(job: CandidateJob) -> dict[str, Any]:
+    """Score one candidate in its problem's sandbox on this machine; plain data back.
+
+    A candidate's own failure (a crash, a timeout, a wrong answer) is a result with reward 0; an
+    exception here is the infrastructure's (no Docker engine, a lost container) and is retried.
+    """
+    from evaluators.sandbox import sandbox_for
+
+    config = json.loads(job.config_json)
+    problem = _problem(job.config_json)
+    sandbox = sandbox_for(problem, config["sandbox"]["backend"], config["sandbox"]["concurrency"])
+    t0 = time.time()
+    verdict = problem.evaluate(job.candidate, ParentView(job.parent_code, job.parent_construction), sandbox)
+    return {
+        "reward": float(verdict.reward),
+        "valid": bool(verdict.valid),
+        "reason": verdict.reason,
+        "construction": verdict.construction,
+        "metrics": dict(verdict.metrics),
+        "logs": verdict.logs,
+        "seconds": time.time() - t0,
+    }
+
+
+Submit = Callable[[CandidateJob], Any]  # returns a future: .result() and .add_done_callback(fn)
+
+
+@contextmanager
+def thread_pool(workers: int) -> Iterator[Submit]:
+    """The engine of a step run without Prefect: `workers` threads of this process."""
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="evaluate") as pool:
+        yield lambda job: pool.submit(run_job, job)
+
+
+class StepEvaluation:
+    """The candidates of one step: parsed, keyed, each distinct one submitted once, stored on return."""
+
+    def __init__(self, run_dir: Path, step: int, submit: Submit) -> None:
+        run = Run.open(run_dir)
+        self.run, self.step, self._submit = run, step, submit
+        self.problem = run.problem()
+        self._archive = load_archive(run.reads("evaluate", step)["archive"])
+        self._config_json = run.config.model_dump_json()
+        self._evaluator = evaluator_source(self.problem)
+        self._resources = Resources.of(self.problem)
+        self.store = CandidateStore(run.layout.candidates(step))
+        self._results: dict[str, dict[str, Any]] = {}
+        self._pending: dict[str, Any] = {}  # key -> future
+        self._returned: queue.SimpleQueue[str] = queue.SimpleQueue()  # keys whose futures finished
+        self._errors: dict[str, BaseException] = {}
+        self._jobs: dict[str, CandidateJob] = {}
+        self.submitted = 0  # candidates this session sent out (the others were stored or repeats)
+
+    def job(self, rollout: Rollout) -> CandidateJob | None:
+        """The rollout's candidate as a job, or None when its answer holds none."""
+        candidate = self.problem.parse(rollout.answer)
+        if candidate is None:
+            return None
+        parent = self._archive[rollout.parent_id]
+        view = ParentView(parent.code, parent.construction)
+        key = candidate_key(self.run.run_id, self.step, candidate, view, self._evaluator)
+        child = child_id(self.step, rollout.group, rollout.index)
+        return CandidateJob(key, self.step, child, candidate, view.code, view.construction, self._config_json, self._resources)
+
+    def add(self, rollout: Rollout) -> None:
+        """Start evaluating the rollout's candidate unless it is stored, running or has none."""
+        self._drain()
+        job = self.job(rollout)
+        if job is None or job.key in self._results or job.key in self._pending:
+            return
+        stored = self.store.get(job.key)
+        if stored is not None:
+            self._results[job.key] = stored
+            return
+        self._jobs[job.key] = job
+        future = self._submit(job)
+        self._pending[job.key] = future
+        self.submitted += 1
+        future.add_done_callback(lambda _f, key=job.key: self._returned.put(key))
+
+    def _drain(self, timeout: float | None = 0.0) -> None:
+        """Store every result that has come back (waiting up to `timeout` seconds for the first)."""
+        block = timeout is None or timeout > 0
+        while True:
+            try:
+                key = self._returned.get(block=block, timeout=timeout if block else None)
+            except queue.Empty:
+                return
+            block = False
+            future = self._pending.pop(key)
+            try:
+                result = json.loads(json.dumps(future.result(), allow_nan=True))  # what the store holds
+            except Exception as err:  # noqa: BLE001 - infrastructure, after the engine's retries
+                self._errors[key] = err
+                log.error("step %d: candidate %s failed to evaluate: %s", self.step, self._jobs[key].child_id, err)
+                continue
+            self.store.put(key, result)
+            self._results[key] = result
+
+    def collect(self, rollouts: list[Rollout]) -> list[Evaluation]:
+        """Every rollout's evaluation, in the rollouts' order, once all candidates have come back."""
+        for r in rollouts:
+            self.add(r)
+        total, t0, shown = len(self._pending), time.time(), 0
+        log.info(
+            "step %d evaluate: %d distinct candidates stored, %d running",
+            self.step, len(self._results), total,
+        )
+        while self._pending:
+            self._drain(timeout=5.0)
+            done = total - len(self._pending)
+            if total and (done - shown >= max(1, total // 10) or not self._pending):
+                log.info("step %d evaluate: %d/%d candidates back (%.0f s)", self.step, done, total, time.time() - t0)
+                shown = done
+        if self._errors:
+            key, err = next(iter(self._errors.items()))
+            raise RuntimeError(
+                f"{len(self._errors)} candidates of step {self.step} could not be evaluated (infrastructure, after "
+                f"the engine's retries), e.g. {self._jobs[key].child_id}: {err}; the {len(self._results)} that finished "
+                "are stored, and a retry of the step evaluates only the others"
+            ) from err
+        return [self._evaluation(r) for r in rollouts]
+
+    def _evaluation(self, rollout: Rollout) -> Evaluation:
+        job = self.job(rollout)
+        if job is None:
+            return Evaluation.of(rollout, self.step, EvalResult.invalid(NO_CANDIDATE), "", 0.0)
+        r = self._results[job.key]
+        result = EvalResult(r["reward"], r["valid"], r["reason"], r["construction"], r["metrics"], r["logs"])
+        return Evaluation.of(rollout, self.step, result, job.candidate, r["seconds"])

@@ -1,0 +1,94 @@
+"""The step's candidates as Prefect tasks on the flow's task runner (flows/engines.py).
+
+`evaluate_candidate` is the one task that leaves the flow's process: one per distinct candidate,
+submitted with the engine's resource request, retried when the infrastructure fails (a lost
+worker, a Docker engine that went away), never for the candidate's own failure (a reward of 0).
+Its result is stored by discover/evaluation.py under the candidate's own key, not by Prefect.
+
+The step's evaluation lives here, by (run_dir, step), while the step flow runs: the generate and
+evaluate tasks look it up (`current_evaluation`) rather than take it as a parameter, because a
+task's parameters, and the globals of the module its function comes from, travel with every task
+it submits (Prefect serialises the parent's context for the engine's workers).
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+from typing import Any, ContextManager, Iterator
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from discover.evaluation import CandidateJob, StepEvaluation, run_job
+from discover.run import Run, RunDirError
+from flows.engines import resource_request
+
+# The global concurrency limit of the GPUs of this worker's pool (set in the pool's job variables,
+# see prefect.yaml); a candidate that needs a GPU holds one slot while it runs, so the evaluations
+# run on a pool's machines never use more GPUs than the pool has.
+GPU_LIMIT_ENV = "DISCOVER_GPU_LIMIT"
+
+# Failures of infrastructure are retried; a bad configuration or run directory is not.
+_NO_RETRY = (ValueError, KeyError, TypeError, RunDirError)
+
+
+def retry_infrastructure_only(task: Any, task_run: Any, state: Any) -> bool:
+    try:
+        state.result()
+    except _NO_RETRY:
+        return False
+    except Exception:
+        return True
+    return False
+
+
+def _gpu_slot(job: CandidateJob) -> ContextManager[Any]:
+    """One slot of this worker's pool's GPU limit for a candidate that needs a GPU; else nothing."""
+    limit = os.environ.get(GPU_LIMIT_ENV)
+    if not limit or not job.resources.gpus:
+        return nullcontext()
+    from prefect.concurrency.sync import concurrency
+
+    return concurrency(limit, occupy=job.resources.gpus, strict=True)
+
+
+@task(
+    name="evaluate-candidate",
+    task_run_name="evaluate-{job.child_id}",
+    cache_policy=NO_CACHE,  # discover/evaluation.py stores each result under the candidate's own key
+    persist_result=False,
+    retry_delay_seconds=5,
+    retry_condition_fn=retry_infrastructure_only,
+)
+def evaluate_candidate(job: CandidateJob) -> dict[str, Any]:
+    """Score one candidate on whichever worker the engine chose (discover.evaluation.run_job)."""
+    with _gpu_slot(job):
+        return run_job(job)
+
+
+_EVALUATIONS: dict[tuple[str, int], StepEvaluation] = {}
+
+
+def current_evaluation(run_dir: str, step: int) -> StepEvaluation | None:
+    """The evaluation of `step` under way in this process (None outside `step_evaluation`)."""
+    return _EVALUATIONS.get((run_dir, step))
+
+
+@contextmanager
+def step_evaluation(run_dir: str, step: int) -> Iterator[StepEvaluation]:
+    """The step's evaluation while the block runs, each candidate a task of the flow's task runner."""
+    run = Run.open(Path(run_dir))
+    runner = run.config.evaluation.runner
+    candidate_task = evaluate_candidate.with_options(retries=run.config.evaluation.retries)
+
+    def submit(job: CandidateJob) -> Any:
+        with resource_request(runner, job.resources):
+            return candidate_task.submit(job)
+
+    _EVALUATIONS[(run_dir, step)] = evaluation = StepEvaluation(run.root, step, submit)
+    try:
+        yield evaluation
+    finally:
+        _EVALUATIONS.pop((run_dir, step), None)
