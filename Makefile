@@ -39,7 +39,7 @@ test-images: setup
 	$(VENV)/bin/python images/build.py --if-docker python-math cpp20 bio
 
 test: setup test-images
-	$(VENV)/bin/python -m pytest -q
+	$(VENV)/bin/python -m pytest -q --durations=30
 
 lock: $(UV)
 	$(UV) lock
