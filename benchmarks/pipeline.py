@@ -56,7 +56,7 @@ def config(run_dir: Path, args: argparse.Namespace, overlap: bool) -> dict:
         "sampling": {"context_tokens": 512, "thinking_budget": 512, "max_answer_tokens": args.answer_tokens},
         "sandbox": {"concurrency": args.concurrency},
         "evaluation": {"runner": "local", "overlap": overlap},
-        "problem_options": {"eval_delay_s": args.delay},
+        "problem_options": {"eval_delay_s": args.delay, "lenient": True},  # every rollout a candidate
     }
 
 

@@ -34,7 +34,8 @@ SEED = 5
 
 
 def _config(run_dir: Path, **evaluation: object) -> dict:
-    return tiny_toy_config(run_dir, seed=SEED, evaluation=evaluation)
+    # lenient: every answer of the random tiny model is a candidate, so each step has several
+    return tiny_toy_config(run_dir, seed=SEED, evaluation=evaluation, problem_options={"lenient": True})
 
 
 def _run_in_process(run_dir: Path, **evaluation: object) -> Path:
@@ -187,7 +188,7 @@ def test_a_killed_dask_worker_loses_no_candidate(tmp_path: Path, reference: Path
     counted = tmp_path / "evaluations.log"  # written by the CLI's Dask workers
     run_dir = tmp_path / "run"
     config = _config(run_dir, runner="dask", workers=2, overlap=True)
-    config["problem_options"] = {"eval_delay_s": 2.0}  # each candidate takes 2 s: a kill lands mid-evaluation
+    config["problem_options"]["eval_delay_s"] = 2.0  # each candidate takes 2 s: a kill lands mid-evaluation
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
     proc = _cli(["run", str(tmp_path / "c.yaml")], cli_env, counted, wait=False)
     try:

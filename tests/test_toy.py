@@ -29,6 +29,15 @@ def test_an_action_appends_at_most_chunk_digits_to_its_parent() -> None:
     assert not p.evaluate("12", ParentView(code="", construction="000000"), None).valid
 
 
+def test_the_lenient_toy_takes_any_answer_as_digits() -> None:
+    p = DigitsProblem(length=6, chunk=3, lenient=True)
+    # "a" is code point 97 -> 7, "b" 98 -> 8; blanks are skipped; digits stay themselves
+    assert p.parse(" a 1\nb2") == "718"
+    assert p.parse("x") == "0"  # 120 -> 0
+    assert p.parse(" \n\t") is None  # nothing but blanks: no candidate
+    assert DigitsProblem(length=6, chunk=3).parse("ab") is None  # the strict default
+
+
 def test_invalid_states_are_rejected_with_a_reason() -> None:
     p = DigitsProblem(length=4, chunk=2)
     for bad in ["", "12a", "12345", 12, None, ["1"]]:

@@ -15,6 +15,11 @@ Why both parts of TTT-Discover matter here:
   it writes digits at all: only about one answer in seven of the random tiny model holds one); a policy
   that learns to answer in digits, and which digits, writes better chunks at every later step.
 `benchmarks/toy_learning.py` measures both against PUCT without training and best-of-N.
+
+Option `lenient` (default off): every non-blank answer is a candidate, a character that is not a
+digit standing for the digit of its code point modulo 10. With the random tiny model nearly every
+rollout then reaches evaluation, which is what the tests of distributed evaluation and
+`benchmarks/pipeline.py` measure; the learning benchmarks keep the strict rule.
 """
 
 from __future__ import annotations
@@ -35,7 +40,13 @@ class DigitsProblem(BaseProblem):
     needs_sandbox = False
 
     def __init__(
-        self, length: int = 96, chunk: int = 4, period: int | None = 4, target_seed: int = 20260121, eval_delay_s: float = 0.0
+        self,
+        length: int = 96,
+        chunk: int = 4,
+        period: int | None = 4,
+        target_seed: int = 20260121,
+        eval_delay_s: float = 0.0,
+        lenient: bool = False,
     ):
         if length < 1 or chunk < 1 or (period is not None and period < 1):
             raise ValueError("length, chunk and period must be at least 1")
@@ -44,6 +55,7 @@ class DigitsProblem(BaseProblem):
         # Seconds each evaluation waits before scoring: stands in for a real evaluator's run time
         # in benchmarks/pipeline.py and the tests of distributed evaluation. Default 0.
         self.eval_delay_s = float(eval_delay_s)
+        self.lenient = bool(lenient)
         self.length = length
         self.chunk = chunk
         # The target repeats a random motif of `period` digits (None: no repetition). With the
@@ -60,6 +72,9 @@ class DigitsProblem(BaseProblem):
         return [SeedState(code="", construction="") for _ in range(count)]
 
     def parse(self, answer: str) -> str | None:
+        if self.lenient:
+            chars = [c for c in answer if not c.isspace()][: self.chunk]
+            return "".join(c if c in "0123456789" else str(ord(c) % 10) for c in chars) or None
         digits = _DIGIT.findall(answer)[: self.chunk]
         return "".join(digits) if digits else None
 
