@@ -43,7 +43,6 @@ import json
 import math
 import secrets
 import socket
-import struct
 import threading
 import time
 import weakref
@@ -52,13 +51,8 @@ from pathlib import Path
 from typing import Any
 
 from evaluators.sandbox.base import DATA_ENV, SandboxLimits, SandboxResult
-from evaluators.sandbox.process import (
-    HARNESS,
-    _compose_logs,
-    _failure_reason,
-    _parse_output,
-    _thread_env,
-)
+from evaluators.sandbox.process import HARNESS, _thread_env
+from evaluators.sandbox.run_outputs import compose_logs, failure_reason, parse_output
 
 from evaluators.sandbox.docker_engine import (  # noqa: F401  (re-exported: tests and callers use them here)
     LABEL,
@@ -69,7 +63,9 @@ from evaluators.sandbox.docker_engine import (  # noqa: F401  (re-exported: test
     engine_answers,
     image_exists,
     image_ref,
+    locked_down_host_config,
     reap_orphans,
+    recv_frame,
     sandbox_containers,
 )
 KEEPER_UID, RUN_UID = 10000, 10001
@@ -237,7 +233,7 @@ class DockerSandbox:
 
     def _result(self, report: dict, limits: SandboxLimits) -> SandboxResult:
         cap = int(limits.max_output_bytes)
-        logs, last_err_line = _compose_logs(
+        logs, last_err_line = compose_logs(
             base64.b64decode(report["stdout"]), bool(report["stdout_cut"]),
             base64.b64decode(report["stderr"]), bool(report["stderr_cut"]), cap,
         )
@@ -247,9 +243,9 @@ class DockerSandbox:
         if rc == 0:
             if report["output_error"]:
                 return SandboxResult(ok=False, reason=str(report["output_error"])[:500], logs=logs)
-            output, reason = _parse_output(base64.b64decode(report["output"] or ""), cap)
+            output, reason = parse_output(base64.b64decode(report["output"] or ""), cap)
             return SandboxResult(ok=not reason, output=output, reason=reason, logs=logs)
-        reason = _failure_reason(rc, last_err_line, limits)
+        reason = failure_reason(rc, last_err_line, limits)
         if rc == -9 and "memory" not in reason:
             reason += f" (possibly the memory limit of {limits.memory_mb} MB)"
         return SandboxResult(ok=False, reason=reason, logs=logs)
@@ -275,14 +271,8 @@ class DockerSandbox:
             raw.sendall(str(len(data)).encode() + b"\n" + data)
             stdout = bytearray()
             stderr = bytearray()
-            while True:
-                header = _recv_exact(raw, 8, deadline)
-                if header is None:
-                    break
-                stream, size = struct.unpack(">BxxxL", header)
-                body = _recv_exact(raw, size, deadline)
-                if body is None:
-                    break
+            while (frame := recv_frame(raw, deadline)) is not None:
+                stream, body = frame
                 (stdout if stream == 1 else stderr).extend(body)
                 if len(stdout) + len(stderr) > limit:
                     c.runs = self.max_runs
@@ -347,7 +337,6 @@ class DockerSandbox:
         import docker
 
         memory_mb, cpus, max_processes, data_dir, tmpfs_mb, gpus = key
-        mem = f"{memory_mb + tmpfs_mb + HEADROOM_MB}m"
         tmp_opts = "rw,nosuid,nodev,mode=1777,size=%dm" % tmpfs_mb + (",exec" if self.exec_tmp else ",noexec")
         # One GPU per container when a run names its device (two runs are never timed on one GPU);
         # every GPU when it names none; none for "cpu".
@@ -357,21 +346,13 @@ class DockerSandbox:
             device_requests = [docker.types.DeviceRequest(device_ids=[gpus], capabilities=[["gpu"]])]
         else:
             device_requests = None
-        host_config = self._api.create_host_config(
-            init=True,
-            auto_remove=True,
-            network_mode="none",
-            mem_limit=mem,
-            memswap_limit=mem,  # equal: no swap on top of the memory limit
+        host_config = locked_down_host_config(
+            self._api,
+            memory_mb + tmpfs_mb + HEADROOM_MB,
             nano_cpus=int(min(cpus, self._engine_cpus) * 1e9),
             pids_limit=max_processes + 16,  # + keeper, init, runner and its threads
-            read_only=True,
             tmpfs={"/tmp": tmp_opts},
             shm_size=SHM_MB * 1024 * 1024,
-            security_opt=["no-new-privileges"],
-            cap_drop=["ALL"],
-            ipc_mode="private",
-            ulimits=[docker.types.Ulimit(name="core", soft=0, hard=0)],
             device_requests=device_requests,
             binds={data_dir: {"bind": DATA_MOUNT, "mode": "ro"}} if data_dir else None,
         )
@@ -419,20 +400,6 @@ class DockerSandbox:
 def _tmpfs_mb(limits: SandboxLimits) -> int:
     """/tmp's size: TMPFS_MB, or room for two files of the largest size the candidate may write."""
     return max(TMPFS_MB, 2 * int(limits.max_file_mb) + 64)
-
-
-def _recv_exact(sock, n: int, deadline: float) -> bytes | None:
-    buf = bytearray()
-    while len(buf) < n:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise socket.timeout("sandbox backstop")
-        sock.settimeout(remaining)
-        chunk = sock.recv(min(n - len(buf), 1 << 20))
-        if not chunk:
-            return None
-        buf.extend(chunk)
-    return bytes(buf)
 
 
 _live: "weakref.WeakSet[DockerSandbox]" = weakref.WeakSet()

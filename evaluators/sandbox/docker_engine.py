@@ -1,10 +1,13 @@
-"""The Docker engine around the sandbox's containers: references, pings, and reaping containers
-whose owner died (every container carries LABEL and OWNER_LABEL)."""
+"""The Docker engine around the sandbox's containers: references, pings, reaping containers
+whose owner died (every container carries LABEL and OWNER_LABEL), the locked-down host
+configuration every sandbox container shares, and reading an attached exec's output frames."""
 
 from __future__ import annotations
 
 import os
 import socket
+import struct
+import time
 from pathlib import Path
 
 REPOSITORY = "discover"
@@ -81,3 +84,51 @@ def sandbox_containers(client=None) -> list:
     """Every container of this backend on the engine, whoever owns it."""
     client = client or _client()
     return client.containers.list(all=True, filters={"label": LABEL})
+
+
+def locked_down_host_config(api, memory_mb: int, **settings):
+    """What every sandbox container has, whatever it runs: docker-init as PID 1, removed once
+    stopped, no network, `memory_mb` of memory and no swap on top, a read-only root filesystem, no
+    new privileges, no capability (unless `settings` adds some), a private IPC namespace, no core
+    dumps. `settings` adds the rest (CPU quota, process limit, tmpfs, devices, mounts)."""
+    import docker
+
+    mem = f"{memory_mb}m"
+    return api.create_host_config(
+        init=True,
+        auto_remove=True,
+        network_mode="none",
+        mem_limit=mem,
+        memswap_limit=mem,  # equal: no swap on top of the memory limit
+        read_only=True,
+        security_opt=["no-new-privileges"],
+        cap_drop=["ALL"],
+        ipc_mode="private",
+        ulimits=[docker.types.Ulimit(name="core", soft=0, hard=0)],
+        **settings,
+    )
+
+
+def recv_frame(sock, deadline: float) -> tuple[int, bytes] | None:
+    """The next frame of an attached exec's multiplexed output: (1 for stdout or 2 for stderr,
+    its bytes), or None when the stream ended. Raises socket.timeout past `deadline`."""
+    header = _recv_exact(sock, 8, deadline)
+    if header is None:
+        return None
+    stream, size = struct.unpack(">BxxxL", header)
+    body = _recv_exact(sock, size, deadline)
+    return None if body is None else (stream, body)
+
+
+def _recv_exact(sock, n: int, deadline: float) -> bytes | None:
+    buf = bytearray()
+    while len(buf) < n:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise socket.timeout("sandbox backstop")
+        sock.settimeout(remaining)
+        chunk = sock.recv(min(n - len(buf), 1 << 20))
+        if not chunk:
+            return None
+        buf.extend(chunk)
+    return bytes(buf)

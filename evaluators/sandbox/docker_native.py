@@ -23,14 +23,13 @@ when its runner reported a clean end (every process of the uid killed, its IPC o
 from __future__ import annotations
 
 import secrets
-import struct
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from evaluators.sandbox.docker import START_TIMEOUT_S, _recv_exact
-from evaluators.sandbox.docker_engine import LABEL, OWNER_LABEL
+from evaluators.sandbox.docker import START_TIMEOUT_S
+from evaluators.sandbox.docker_engine import LABEL, OWNER_LABEL, locked_down_host_config, recv_frame
 from evaluators.sandbox.native import RUNNER, NativeLimits, ReplyReader, SessionError, message
 
 RUNNER_TEXT = RUNNER.read_text(encoding="utf-8")
@@ -104,28 +103,17 @@ class NativePool:
             pass  # already gone (auto_remove)
 
     def _create(self, key: tuple) -> _Slot:
-        import docker
-
         memory_mb, max_processes = key
-        mem = f"{memory_mb + HEADROOM_MB}m"
-        host_config = self.api.create_host_config(
-            init=True,
-            auto_remove=True,
-            network_mode="none",
-            mem_limit=mem,
-            memswap_limit=mem,  # no swap
+        host_config = locked_down_host_config(
+            self.api,
+            memory_mb + HEADROOM_MB,
             nano_cpus=int(1e9),  # one CPU: the slot runs one case at a time
             pids_limit=max_processes + 32,  # + keeper, init, runner and its helpers
-            read_only=True,
             tmpfs={
                 "/tmp": f"rw,nosuid,nodev,exec,mode=0755,size={TMPFS_MB}m",
                 "/dev/shm": "rw,nosuid,nodev,noexec,mode=0755,size=1m",
             },
-            security_opt=["no-new-privileges"],
-            cap_drop=["ALL"],
             cap_add=CAPABILITIES,
-            ipc_mode="private",
-            ulimits=[docker.types.Ulimit(name="core", soft=0, hard=0)],
         )
         cid = self.api.create_container(
             self.box.image,
@@ -189,17 +177,14 @@ class DockerSession:
         deadline = time.monotonic() + timeout
         while True:
             try:
-                header = _recv_exact(self.raw, 8, deadline)
+                frame = recv_frame(self.raw, deadline)
             except OSError as err:
                 if isinstance(err, TimeoutError):
                     raise
                 return b""
-            if header is None:
+            if frame is None:
                 return b""
-            stream, size = struct.unpack(">BxxxL", header)
-            body = _recv_exact(self.raw, size, deadline)
-            if body is None:
-                return b""
+            stream, body = frame
             if stream == 1:
                 return body
             self.errors.extend(body)

@@ -302,12 +302,12 @@ class LocalSession:
     of our runners use, and, when we are root, dropping the program to a fresh unprivileged uid."""
 
     def __init__(self, slot: int, limits: NativeLimits):
-        from evaluators.sandbox.process import _acquire_run_uid, _nproc_limit
+        from evaluators.sandbox.reaping import acquire_run_uid, nproc_limit
 
         self.token = secrets.token_hex(16)
         self.parent = tempfile.mkdtemp(prefix="discover-native-")
         os.chmod(self.parent, 0o711)
-        self.uid = _acquire_run_uid()
+        self.uid = acquire_run_uid()
         self.cpu = _take_core()
         self.common = {
             "token": self.token,
@@ -316,7 +316,7 @@ class LocalSession:
             "gid": self.uid,
             "cpu": self.cpu,
             "workdir": os.path.join(self.parent, "w"),
-            "nproc": limits.max_processes if self.uid is not None else _nproc_limit(limits.max_processes),
+            "nproc": limits.max_processes if self.uid is not None else nproc_limit(limits.max_processes),
             "cgroup": False,  # the host's cgroup counts everyone's processes
             "scratch": ["/tmp", "/var/tmp", "/dev/shm"] if self.uid is not None else [],
         }
@@ -366,14 +366,14 @@ class LocalSession:
         return report
 
     def close(self) -> None:
-        from evaluators.sandbox.process import _kill_group
+        from evaluators.sandbox.reaping import kill_group
 
         if self.ended:  # it is exiting on its own
             try:
                 self.proc.wait(timeout=BACKSTOP_S)
             except subprocess.TimeoutExpired:
                 pass
-        _kill_group(self.proc.pid)  # a runner that hung, and anything left in its session
+        kill_group(self.proc.pid)  # a runner that hung, and anything left in its session
         self.proc.wait()
         for stream in (self.proc.stdin, self.proc.stdout):
             try:
@@ -383,13 +383,13 @@ class LocalSession:
         self._release()
 
     def _release(self) -> None:
-        from evaluators.sandbox.process import _kill_uid, _release_run_uid, _remove_tree
+        from evaluators.sandbox.reaping import kill_uid, release_run_uid, remove_tree
 
         self.stderr.close()
         if self.uid is not None:
-            _kill_uid(self.uid)
-            _release_run_uid(self.uid)
-        _remove_tree(self.parent)
+            kill_uid(self.uid)
+            release_run_uid(self.uid)
+        remove_tree(self.parent)
         _give_core(self.cpu)
 
 
