@@ -86,8 +86,13 @@ def prefect_api(prefect_server: str):
     """Prefect's API for flows run inside the test process: the session's server."""
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
+    from prefect.logging.handlers import APILogWorker
+
     with temporary_settings({PREFECT_API_URL: prefect_server}):
         yield prefect_server
+        # Send the session's last flow-run logs while the server still answers (it stops next),
+        # instead of at interpreter exit, where they would fail with "Error logging to API".
+        APILogWorker.drain_all(timeout=60)
 
 
 @pytest.fixture
