@@ -87,7 +87,7 @@ class Run:
             "generate": {"parents": L.parents(step), "checkpoint": L.checkpoint(step)},
             "evaluate": {"archive": L.archive(step), "rollouts": L.rollouts(step)},
             "update_archive": {"archive": L.archive(step), "parents": L.parents(step), "evaluations": L.evaluations(step)},
-            "train": {"rollouts": L.rollouts(step), "evaluations": L.evaluations(step), "checkpoint": L.checkpoint(step)},
+            "train": {"rollouts": L.rollouts(step), "evaluations": L.evaluations(step), "checkpoint": L.checkpoint(step), "archive": L.archive(step)},
         }[task]
 
     def writes(self, task: str, step: int) -> Path:

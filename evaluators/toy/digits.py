@@ -33,6 +33,7 @@ _DIGIT = re.compile(r"[0-9]")
 class DigitsProblem(BaseProblem):
     name = "toy"
     needs_sandbox = False
+    target = 1.0  # every digit right
 
     def __init__(
         self, length: int = 96, chunk: int = 4, period: int | None = 4, target_seed: int = 20260121, eval_delay_s: float = 0.0
