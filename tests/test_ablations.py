@@ -1,0 +1,58 @@
+"""benchmarks/ablations.py: every arm is a valid configuration that differs from the method only
+where its row of the paper's Table 8 (or the defaults study) says, at the same sampling budget."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import yaml
+
+from discover.config import parse_config
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import ablations  # noqa: E402
+
+BASE = yaml.safe_load((ROOT / "configs" / "toy.yaml").read_text())
+
+# Table 8: (train objective, reuse rule) per row, then SimpleTES.
+ROWS = [
+    ("entropic-adaptive", "puct"),
+    ("entropic-constant", "puct"),
+    ("expected", "puct"),
+    ("none", "puct"),
+    ("entropic-adaptive", "epsilon-greedy"),
+    ("entropic-adaptive", "none"),
+    ("expected", "none"),
+    ("none", "none"),
+    ("none", "chains"),
+]
+
+
+def _configs(study: dict, tmp_path: Path):
+    return {name: parse_config(ablations.arm_config(BASE, arm, name, 7, tmp_path)) for name, arm in study.items()}
+
+
+def test_table8_arms_are_the_papers_rows_at_one_budget(tmp_path: Path) -> None:
+    configs = _configs(ablations.TABLE8, tmp_path)
+    assert [(c.train.objective, c.reuse.rule) for c in configs.values()] == ROWS
+    assert len({c.rollouts_per_step * c.steps for c in configs.values()}) == 1
+    assert len({c.run_dir for c in configs.values()}) == len(configs)
+    for c in configs.values():
+        assert c.seed == 7 and c.problem_options == ablations.TOY
+        assert c.reuse.seed_states is None and c.reuse.deduplicate  # the released rules in every arm
+
+
+def test_defaults_study_differs_only_in_the_released_rules(tmp_path: Path) -> None:
+    former, ours, released = _configs(ablations.DEFAULTS, tmp_path).values()
+    assert (former.reuse.seed_states, former.reuse.invalid_children, former.reuse.children_scope, former.reuse.deduplicate) == (1, "zero", "step", False)
+    assert (ours.reuse.seed_states, ours.reuse.invalid_children, ours.reuse.children_scope, ours.reuse.deduplicate) == (None, "ignore", "archive", True)
+    assert ours.reuse == released.reuse and not ours.train.kl_center and released.train.kl_center
+    assert former.train == ours.train
+
+
+def test_table_reports_mean_spread_and_each_seed() -> None:
+    results = {"a": {"0": {"best": 0.25}, "1": {"best": 0.75}}}
+    assert ablations.table(results, ["a"], [0, 1])[-1] == "| a | 0.500 ± 0.354 | 0.250 | 0.750 | 0.250 0.750 |"
