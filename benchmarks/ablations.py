@@ -4,7 +4,8 @@ Two studies, each arm at the same sampling budget (steps x groups x rollouts_per
 embedded tiny model, several seeds per arm:
 
   --study table8    the rows of the paper's Table 8 plus SimpleTES (training-free parallel chains);
-  --study defaults  the full method with the project's former rules against the released code's.
+  --study defaults  the full method with the project's former rules against the released code's;
+  --study migrate   the full method with MIGRATE's mixed groups (a Table 8 row of its own).
 
 Each run executes the step functions the Prefect tasks wrap (discover/steps.py), in order, without
 Prefect, so that `--jobs` runs go side by side in separate processes. It prints the table (mean,
@@ -14,6 +15,7 @@ panel per arm, like the paper's Figure 4) under --out.
 
     .venv/bin/python benchmarks/ablations.py --study defaults --seeds 0 1 2 3 4 --steps 20 --rollouts 8 --jobs 2
     .venv/bin/python benchmarks/ablations.py --study table8 --seeds 0 1 2 --steps 20 --rollouts 8 --jobs 2
+    .venv/bin/python benchmarks/ablations.py --study migrate --seeds 0 1 2 --steps 20 --rollouts 8 --jobs 2
 """
 
 from __future__ import annotations
@@ -54,7 +56,13 @@ DEFAULTS = {
     "released code's choices (its rules + centred KL)": {"train": {"kl_center": True}},
 }
 
-STUDIES = {"table8": TABLE8, "defaults": DEFAULTS}
+# MIGRATE's mixed groups (SPEC §6) on the full method: of each group's slots, 2 re-use the best past
+# completions and 2 come from the neighbourhood prompt (with --rollouts 8: 4 on-policy).
+MIGRATE = {
+    "MIGRATE groups (2 greedy + 2 neighbourhood), adaptive entropic, PUCT": {"mixed": {"greedy": 2, "neighbourhood": 2}},
+}
+
+STUDIES = {"table8": TABLE8, "defaults": DEFAULTS, "migrate": MIGRATE}
 
 # A harder toy than configs/toy.yaml (evaluators/toy/digits.py): an 8-digit motif, so the policy
 # must learn two alternating 4-digit chunks and which one a state's depth needs.

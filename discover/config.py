@@ -103,6 +103,13 @@ class ReuseConfig(_Section):
     seed_states: int | None = Field(None, ge=1, description="how many initial states the problem draws; null: one per group (released code)")
 
 
+class MixedConfig(_Section):
+    """MIGRATE's mixed groups (SPEC §6): slots of each group from the best past completions and a neighbourhood prompt."""
+
+    greedy: int = Field(0, ge=0, description="slots per group filled with the best past completions, re-attached to the group's prompt (MIGRATE's beta)")
+    neighbourhood: int = Field(0, ge=0, description="slots per group sampled from a prompt showing the best past answers, asking for a variation (MIGRATE's gamma)")
+
+
 class SamplingConfig(_Section):
     """Generation budgets (SPEC §4)."""
 
@@ -160,6 +167,7 @@ class RunConfig(_Section):
     model: ModelConfig = ModelConfig()
     train: TrainConfig = TrainConfig()
     reuse: ReuseConfig = ReuseConfig()
+    mixed: MixedConfig = MixedConfig()
     sampling: SamplingConfig = SamplingConfig()
     sandbox: SandboxConfig = SandboxConfig()
     evaluation: EvaluationConfig = EvaluationConfig()
@@ -182,6 +190,16 @@ class RunConfig(_Section):
             raise ValueError(
                 f"sampling.thinking_budget ({s.thinking_budget}) exceeds sampling.context_tokens "
                 f"({s.context_tokens}); lower the budget or raise the context"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _mixed_groups_fit(self) -> "RunConfig":
+        m = self.mixed
+        if m.greedy + m.neighbourhood >= self.rollouts_per_group:
+            raise ValueError(
+                f"mixed.greedy ({m.greedy}) + mixed.neighbourhood ({m.neighbourhood}) must leave at least one "
+                f"on-policy slot of rollouts_per_group ({self.rollouts_per_group})"
             )
         return self
 

@@ -21,6 +21,7 @@ import numpy as np
 from discover.archive import Archive, ArchiveRules, State, update_archive as apply_archive_update
 from discover.config import RunConfig
 from discover.evaluation import StepEvaluation, thread_pool
+from discover.mixed import best_past_rollouts, mixed_stream
 from discover.objectives import group_advantages
 from discover.preflight import preflight
 from discover.prompts import build_context
@@ -144,8 +145,17 @@ def generate(run_dir: Path, step: int, on_rollout: Callable[[Rollout], None] | N
     )
     t0 = time.time()
     contexts = [g["context"] for g in parents]
+    m = config.mixed
+    if m.greedy or m.neighbourhood:  # SPEC §6, MIGRATE: slots from the best past completions and a neighbourhood prompt
+        past = best_past_rollouts(load_archive(inputs["archive"]), run.layout.rollouts, max(m.greedy, 1))
+        stream = mixed_stream(
+            policy, contexts, config.rollouts_per_group, settings, run.seed("generate", step),
+            run.seed("neighbourhood", step), past, m.greedy, m.neighbourhood,
+        )
+    else:
+        stream = policy.sample_stream(contexts, config.rollouts_per_group, settings, run.seed("generate", step))
     rollouts = []
-    for g, k, completion in policy.sample_stream(contexts, config.rollouts_per_group, settings, run.seed("generate", step)):
+    for g, k, completion in stream:
         rollout = Rollout.of(completion, group=parents[g]["group"], index=k, parent_id=parents[g]["parent_id"])
         rollouts.append(rollout)
         if on_rollout is not None:

@@ -53,6 +53,11 @@ def test_defaults_study_differs_only_in_the_released_rules(tmp_path: Path) -> No
     assert former.train == ours.train
 
 
+def test_migrate_arm_is_the_method_with_mixed_groups(tmp_path: Path) -> None:
+    (c,) = _configs(ablations.MIGRATE, tmp_path).values()
+    assert (c.train.objective, c.reuse.rule, c.mixed.greedy, c.mixed.neighbourhood) == ("entropic-adaptive", "puct", 2, 2)
+
+
 def test_table_reports_mean_spread_and_each_seed() -> None:
     results = {"a": {"0": {"best": 0.25}, "1": {"best": 0.75}}}
     assert ablations.table(results, ["a"], [0, 1])[-1] == "| a | 0.500 ± 0.354 | 0.250 | 0.750 | 0.250 0.750 |"
