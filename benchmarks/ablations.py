@@ -13,9 +13,9 @@ standard deviation, min and max of the best reward per arm) and writes `results.
 `rewards_by_step.png` (the distribution of the valid rewards of each step, pooled over seeds, one
 panel per arm, like the paper's Figure 4) under --out.
 
-    .venv/bin/python benchmarks/ablations.py --study defaults --seeds 0 1 2 3 4 --steps 20 --rollouts 8 --jobs 2
-    .venv/bin/python benchmarks/ablations.py --study table8 --seeds 0 1 2 --steps 20 --rollouts 8 --jobs 2
-    .venv/bin/python benchmarks/ablations.py --study migrate --seeds 0 1 2 --steps 20 --rollouts 8 --jobs 2
+    .venv/bin/python benchmarks/ablations.py --study defaults --seeds 0 1 2 3 4 --steps 20 --jobs 2
+    .venv/bin/python benchmarks/ablations.py --study table8 --seeds 0 1 2 --steps 20 --jobs 2
+    .venv/bin/python benchmarks/ablations.py --study migrate --seeds 0 1 2 --steps 20 --jobs 2
 """
 
 from __future__ import annotations
@@ -50,14 +50,14 @@ TABLE8 = {
 
 # The full method under the project's former rules and under the released code's (SPEC §5a).
 FORMER = {"seed_states": 1, "invalid_children": "zero", "children_scope": "step", "deduplicate": False}
+# The project's defaults (the released rules, the paper's uncentred KL) are table8's first arm.
 DEFAULTS = {
     "former rules (1 shared seed, invalid = 0 in Q, top-2 per step, no dedup)": {"reuse": FORMER},
-    "released rules, paper's KL (the project's defaults)": {},
     "released code's choices (its rules + centred KL)": {"train": {"kl_center": True}},
 }
 
 # MIGRATE's mixed groups (SPEC §6) on the full method: of each group's slots, 2 re-use the best past
-# completions and 2 come from the neighbourhood prompt (with --rollouts 8: 4 on-policy).
+# completions and 2 come from the neighbourhood prompt (of 16 slots: 12 on-policy).
 MIGRATE = {
     "MIGRATE groups (2 greedy + 2 neighbourhood), adaptive entropic, PUCT": {"mixed": {"greedy": 2, "neighbourhood": 2}},
 }
