@@ -125,7 +125,7 @@ def figure(results: dict, arms: list[str], seeds: list[int], path: Path) -> None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    cols = 3
+    cols = min(3, len(arms))
     rows = (len(arms) + cols - 1) // cols
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 2.8 * rows), sharex=True, sharey=True, squeeze=False)
     for ax, arm in zip(axes.flat, arms):
