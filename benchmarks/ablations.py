@@ -45,7 +45,8 @@ TABLE8 = {
     "adaptive entropic, no reuse": {"train": {"objective": "entropic-adaptive"}, "reuse": {"rule": "none"}},
     "naive RL (expected reward, no reuse)": {"train": {"objective": "expected"}, "reuse": {"rule": "none"}},
     "best-of-N (no TTT, no reuse)": {"train": {"objective": "none"}, "reuse": {"rule": "none"}},
-    "SimpleTES (no TTT, parallel chains)": {"train": {"objective": "none"}, "reuse": {"rule": "chains"}},
+    # SimpleTES's chains are independent: a state one chain found must not stop another (no dedup across H)
+    "SimpleTES (no TTT, parallel chains)": {"train": {"objective": "none"}, "reuse": {"rule": "chains", "deduplicate": False}},
 }
 
 # The full method under the project's former rules and under the released code's (SPEC §5a).
@@ -158,6 +159,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=None, help="default: the configuration's")
     parser.add_argument("--rollouts", type=int, default=None, help="rollouts per group; default: the configuration's")
     parser.add_argument("--jobs", type=int, default=1, help="runs at once, each in its own process")
+    parser.add_argument("--only", default=None, help="run only the study's arms whose name contains this text")
     parser.add_argument("--config", type=Path, default=ROOT / "configs" / "toy.yaml")
     parser.add_argument("--out", type=Path, default=None, help="default: runs/ablations-STUDY")
     args = parser.parse_args()
@@ -168,7 +170,9 @@ def main() -> int:
         base["steps"] = args.steps
     if args.rollouts:
         base["rollouts_per_group"] = args.rollouts
-    arms = STUDIES[args.study]
+    arms = {name: arm for name, arm in STUDIES[args.study].items() if args.only is None or args.only in name}
+    if not arms:
+        parser.error(f"no arm of {args.study} contains {args.only!r}")
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     jobs = {(name, seed): arm_config(base, arm, name, seed, out) for seed in args.seeds for name, arm in arms.items()}

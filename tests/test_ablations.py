@@ -42,7 +42,8 @@ def test_table8_arms_are_the_papers_rows_at_one_budget(tmp_path: Path) -> None:
     assert len({c.run_dir for c in configs.values()}) == len(configs)
     for c in configs.values():
         assert c.seed == 7 and c.problem_options == ablations.TOY
-        assert c.reuse.seed_states is None and c.reuse.deduplicate  # the released rules in every arm
+        assert c.reuse.seed_states is None  # one seed per group in every arm
+        assert c.reuse.deduplicate == (c.reuse.rule != "chains")  # SimpleTES's chains do not see each other's states
 
 
 def test_defaults_study_differs_only_in_the_released_rules(tmp_path: Path) -> None:
