@@ -152,6 +152,25 @@ def figure(results: dict, arms: list[str], seeds: list[int], path: Path) -> None
     plt.close(fig)
 
 
+def merge(folders: list[Path], out: Path) -> int:
+    """The table and figure of several studies' results.json, arms in the order first seen."""
+    results: dict[str, dict] = {}
+    headers, seeds = [], None
+    for folder in folders:
+        data = json.loads((folder / "results.json").read_text())
+        if seeds is not None and data["seeds"] != seeds:
+            raise SystemExit(f"{folder} has seeds {data['seeds']}, the others {seeds}")
+        seeds = data["seeds"]
+        headers.append(data["header"])
+        results.update(data["results"])
+    out.mkdir(parents=True, exist_ok=True)
+    lines = [*headers, "", *table(results, list(results), seeds)]
+    print("\n".join(lines))
+    (out / "table.md").write_text("\n".join(lines) + "\n")
+    figure(results, list(results), seeds, out / "rewards_by_step.png")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--study", choices=sorted(STUDIES), default="table8")
@@ -162,7 +181,10 @@ def main() -> int:
     parser.add_argument("--only", default=None, help="run only the study's arms whose name contains this text")
     parser.add_argument("--config", type=Path, default=ROOT / "configs" / "toy.yaml")
     parser.add_argument("--out", type=Path, default=None, help="default: runs/ablations-STUDY")
+    parser.add_argument("--merge", type=Path, nargs="+", default=None, help="runs nothing: one table and figure from these --out folders (a later arm of the same name replaces an earlier)")
     args = parser.parse_args()
+    if args.merge:
+        return merge(args.merge, args.out or ROOT / "runs" / "ablations-merged")
 
     out = args.out or ROOT / "runs" / f"ablations-{args.study}"
     base = yaml.safe_load(args.config.read_text())

@@ -63,3 +63,17 @@ def test_migrate_arm_is_the_method_with_mixed_groups(tmp_path: Path) -> None:
 def test_table_reports_mean_spread_and_each_seed() -> None:
     results = {"a": {"0": {"best": 0.25}, "1": {"best": 0.75}}}
     assert ablations.table(results, ["a"], [0, 1])[-1] == "| a | 0.500 ± 0.354 | 0.250 | 0.750 | 0.250 0.750 |"
+
+
+def test_merge_joins_studies_into_one_table(tmp_path: Path) -> None:
+    import json
+
+    for name, arm, best in (("a", "x", 0.1), ("b", "y", 0.3)):
+        (tmp_path / name).mkdir()
+        by_step = [[0.0, best]]
+        data = {"header": f"study {name}", "seeds": [0], "results": {arm: {"0": {"best": best, "by_step": by_step, "seconds": 1.0}}}}
+        (tmp_path / name / "results.json").write_text(json.dumps(data))
+    assert ablations.merge([tmp_path / "a", tmp_path / "b"], tmp_path / "out") == 0
+    text = (tmp_path / "out" / "table.md").read_text().splitlines()
+    assert text[:2] == ["study a", "study b"] and text[-2].startswith("| x | 0.100") and text[-1].startswith("| y | 0.300")
+    assert (tmp_path / "out" / "rewards_by_step.png").stat().st_size > 0
