@@ -13,7 +13,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-ReuseRule = Literal["puct", "epsilon-greedy", "none"]
+ReuseRule = Literal["puct", "epsilon-greedy", "none", "chains"]
 Objective = Literal["entropic-adaptive", "entropic-constant", "expected", "none"]
 SandboxBackend = Literal["auto", "process", "docker"]
 EvaluationRunner = Literal["local", "dask", "ray"]
@@ -78,6 +78,8 @@ class TrainConfig(_Section):
     gamma: float = Field(math.log(2), gt=0, description="KL budget of the adaptive beta (ln 2)")
     constant_beta: float = Field(2.0, gt=0, description="beta of the entropic-constant objective")
     importance_ratio_cap: float | None = Field(None, ge=1, description="cap on exp(logp_learner - logp_sampler) per token (truncated IS); null: none")
+    kl_center: bool = Field(False, description="centre the KL term over the batch's tokens, as the released code does; false: the paper's formula")
+    lazy_penalty: float | None = Field(None, description="ThetaEvolve: training reward of a valid child equal to a state already in the archive; null: off")
 
     @field_validator("adam_betas")
     @classmethod
@@ -90,12 +92,22 @@ class TrainConfig(_Section):
 class ReuseConfig(_Section):
     """How start states are chosen from the archive (SPEC §3)."""
 
-    rule: ReuseRule = Field("puct", description="parent selection rule")
+    rule: ReuseRule = Field("puct", description="parent selection rule; 'chains': SimpleTES, each group refines the best state of its own seed's tree, no search over H")
     puct_c: float = Field(1.0, ge=0, description="PUCT exploration coefficient c (Table 9: 1.0)")
     epsilon: float = Field(0.1, ge=0, le=1, description="epsilon of epsilon-greedy reuse")
     children_per_parent: int = Field(2, ge=1, description="top children of a parent kept in the archive")
+    children_scope: Literal["archive", "step"] = Field("archive", description="'archive': a parent keeps its best children across all steps (released code); 'step': per step")
+    invalid_children: Literal["ignore", "zero"] = Field("ignore", description="'ignore': invalid children leave m(p), so Q, alone (released code); 'zero': they count as reward 0")
+    deduplicate: bool = Field(True, description="skip a child equal to a state already in the archive (released code)")
     archive_size: int = Field(1000, ge=1, description="archive cap by reward; seeds always kept")
-    seed_states: int = Field(1, ge=1, description="how many initial states the problem draws")
+    seed_states: int | None = Field(None, ge=1, description="how many initial states the problem draws; null: one per group (released code)")
+
+
+class MixedConfig(_Section):
+    """MIGRATE's mixed groups (SPEC §6): slots of each group from the best past completions and a neighbourhood prompt."""
+
+    greedy: int = Field(0, ge=0, description="slots per group filled with the best past completions, re-attached to the group's prompt (MIGRATE's beta)")
+    neighbourhood: int = Field(0, ge=0, description="slots per group sampled from a prompt showing the best past answers, asking for a variation (MIGRATE's gamma)")
 
 
 class SamplingConfig(_Section):
@@ -155,6 +167,7 @@ class RunConfig(_Section):
     model: ModelConfig = ModelConfig()
     train: TrainConfig = TrainConfig()
     reuse: ReuseConfig = ReuseConfig()
+    mixed: MixedConfig = MixedConfig()
     sampling: SamplingConfig = SamplingConfig()
     sandbox: SandboxConfig = SandboxConfig()
     evaluation: EvaluationConfig = EvaluationConfig()
@@ -177,6 +190,16 @@ class RunConfig(_Section):
             raise ValueError(
                 f"sampling.thinking_budget ({s.thinking_budget}) exceeds sampling.context_tokens "
                 f"({s.context_tokens}); lower the budget or raise the context"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _mixed_groups_fit(self) -> "RunConfig":
+        m = self.mixed
+        if m.greedy + m.neighbourhood >= self.rollouts_per_group:
+            raise ValueError(
+                f"mixed.greedy ({m.greedy}) + mixed.neighbourhood ({m.neighbourhood}) must leave at least one "
+                f"on-policy slot of rollouts_per_group ({self.rollouts_per_group})"
             )
         return self
 

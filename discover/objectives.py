@@ -140,13 +140,29 @@ def kl_shaped_advantages(
     logp_policy: torch.Tensor,
     logp_base: torch.Tensor,
     kl_coef: float,
+    center: float = 0.0,
 ) -> torch.Tensor:
-    """Per-token advantages A_n - lambda * (logp_policy - logp_base), all detached."""
+    """Per-token advantages A_n - lambda * (logp_policy - logp_base - center), all detached.
+
+    `center` is 0 for the paper's formula; the released code passes the batch's mean of
+    logp_policy - logp_base over all trained tokens (`batch_kl_mean`), so the KL term sums to 0.
+    """
     logp_policy = logp_policy.detach()
     logp_base = logp_base.detach()
     adv = torch.as_tensor(advantage, dtype=logp_policy.dtype, device=logp_policy.device).detach()
-    shaped = adv - kl_coef * (logp_policy - logp_base)  # SPEC §2: KL shaping towards pi_0
+    # SPEC §2: KL shaping towards pi_0; released code (incorporate_kl_penalty): centred over the batch
+    shaped = adv - kl_coef * ((logp_policy - logp_base) - center)
     return shaped.detach()
+
+
+def batch_kl_mean(logp_policy: Sequence[torch.Tensor], logp_base: Sequence[torch.Tensor], masks: Sequence[torch.Tensor]) -> float:
+    """Mean of logp_policy - logp_base over every masked token of a batch (the released code's centre)."""
+    total, count = 0.0, 0
+    for lp, lb, m in zip(logp_policy, logp_base, masks, strict=True):
+        keep = m.to(torch.bool)
+        total += float((lp.detach() - lb.detach())[keep].sum())
+        count += int(keep.sum())
+    return total / count if count else 0.0
 
 
 def importance_sampling_loss(

@@ -1,17 +1,32 @@
-"""Context building for a group (SPEC §4): description, parent state, its score, an observation."""
+"""Context building for a group (SPEC §4 and §5a): the problem, the parent state, its score change,
+the target, and the tail of the parent's output, as the released prompts show them."""
 
 from __future__ import annotations
 
-OBSERVATION_CHARS = 2000  # tail of the parent's output shown to the model
+OBSERVATION_CHARS = 500  # SPEC §5a: the released prompts show the last 500 characters of the parent's output
 
 
-def build_context(description: str, rendered_state: str, reward: float, observation: str = "") -> str:
-    """The text the model sees for one group (SPEC §4, "The context for a group").
+def build_context(
+    description: str,
+    rendered_state: str,
+    reward: float,
+    observation: str = "",
+    previous_reward: float | None = None,
+    target: float | None = None,
+) -> str:
+    """The text the model sees for one group (SPEC §4, "The context for a group"; SPEC §5a).
 
-    The score is printed with a fixed number of decimals so that contexts of the same problem
-    differ only where their states differ.
+    `previous_reward` is the grandparent's score (None for a seed), shown as "before -> after";
+    `target` the problem's goal in reward units (None: none shown). Scores are printed with a fixed
+    number of decimals so that contexts of the same problem differ only where their states differ.
     """
-    parts = [description.strip(), "", rendered_state.strip(), "", f"Score of the current state: {reward:.6f}"]
+    parts = [description.strip(), "", rendered_state.strip(), ""]
+    if previous_reward is None:
+        parts.append(f"Score of the current state: {reward:.6f}")
+    else:  # SPEC §5a: the score change from the grandparent to the parent
+        parts.append(f"Score of the current state: {previous_reward:.6f} -> {reward:.6f} (its parent -> it)")
+    if target is not None:  # SPEC §5a: a target value for the problem
+        parts.append(f"Target score: {target:.6f} (higher is better)")
     if observation.strip():
-        parts += ["", "Output of the current state's program (last lines):", observation[-OBSERVATION_CHARS:].rstrip()]
+        parts += ["", "Output of the current state's program (last characters):", observation[-OBSERVATION_CHARS:].rstrip()]
     return "\n".join(parts) + "\n"

@@ -70,11 +70,11 @@ class Evaluation:
             seconds=seconds,
         )
 
-    def child(self, step: int) -> Child:
-        """The archive's view of this evaluation (SPEC §1.4)."""
+    def child(self, step: int, key: str = "") -> Child:
+        """The archive's view of this evaluation (SPEC §1.4); `key` is the problem's archive_key."""
         return Child(
             id=self.child_id, parent_id=self.parent_id, step=step, reward=self.reward, valid=self.valid,
-            code=self.code, construction=self.construction, observation=self.logs,
+            code=self.code, construction=self.construction, observation=self.logs, key=key,
         )
 
 

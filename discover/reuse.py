@@ -12,7 +12,7 @@ import numpy as np
 
 from discover.archive import Archive
 
-REUSE_RULES = ("puct", "epsilon-greedy", "none")
+REUSE_RULES = ("puct", "epsilon-greedy", "none", "chains")
 
 _SCALE_FLOOR = 1e-6
 
@@ -109,6 +109,25 @@ def select_none(archive: Archive, count: int) -> list[str]:
     return _fill(seeds, count)
 
 
+def select_chains(archive: Archive, count: int) -> list[str]:
+    """SimpleTES (SPEC §6): C = count parallel chains, chain i refining the best state of seed i's tree.
+
+    Chain i owns seed i (seeds in insertion order, cycled when there are fewer seeds than slots)
+    and every state whose lineage starts at it; its parent is the best of them (ties: earliest
+    inserted), so a step's K candidates either improve the chain or leave it where it was.
+    """
+    _check(archive, count)
+    seeds = [s.id for s in archive.states.values() if s.is_seed]
+    if not seeds:
+        raise ValueError("reuse rule 'chains' needs at least one seed state in the archive")
+    best: dict[str, str] = {sid: sid for sid in seeds}
+    for s in archive.states.values():  # insertion order: strict '>' keeps the earliest on ties
+        root = s.lineage[0] if s.lineage else s.id
+        if root in best and s.reward > archive[best[root]].reward:
+            best[root] = s.id
+    return _fill([best[sid] for sid in seeds], count)
+
+
 def select_parents(
     archive: Archive,
     rule: str,
@@ -125,4 +144,6 @@ def select_parents(
         return select_puct(archive, count, c)
     if rule == "epsilon-greedy":
         return select_epsilon_greedy(archive, count, rng, epsilon)
+    if rule == "chains":
+        return select_chains(archive, count)
     return select_none(archive, count)

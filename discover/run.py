@@ -27,7 +27,7 @@ from storage.tables import read_records, write_records
 
 TASKS = ("select_parents", "generate", "evaluate", "update_archive", "train")
 # Independent random streams per purpose: same run seed, same draws, whatever ran before.
-_STREAMS = {"seeds": 0, "select_parents": 1, "generate": 2, "train": 3, "policy_init": 4, "seed_eval": 5}
+_STREAMS = {"seeds": 0, "select_parents": 1, "generate": 2, "train": 3, "policy_init": 4, "seed_eval": 5, "neighbourhood": 6}
 
 Ref = dict[str, str]
 
@@ -84,10 +84,11 @@ class Run:
         L = self.layout
         return {
             "select_parents": {"archive": L.archive(step)},
-            "generate": {"parents": L.parents(step), "checkpoint": L.checkpoint(step)},
+            # mixed groups (SPEC §6) also read the rollouts of the archive's best states: files of earlier steps, never rewritten
+            "generate": {"parents": L.parents(step), "checkpoint": L.checkpoint(step), "archive": L.archive(step)},
             "evaluate": {"archive": L.archive(step), "rollouts": L.rollouts(step)},
             "update_archive": {"archive": L.archive(step), "parents": L.parents(step), "evaluations": L.evaluations(step)},
-            "train": {"rollouts": L.rollouts(step), "evaluations": L.evaluations(step), "checkpoint": L.checkpoint(step)},
+            "train": {"rollouts": L.rollouts(step), "evaluations": L.evaluations(step), "checkpoint": L.checkpoint(step), "archive": L.archive(step)},
         }[task]
 
     def writes(self, task: str, step: int) -> Path:

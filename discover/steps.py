@@ -18,9 +18,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from discover.archive import Archive, State, update_archive as apply_archive_update
+from discover.archive import Archive, ArchiveRules, State, update_archive as apply_archive_update
 from discover.config import RunConfig
 from discover.evaluation import StepEvaluation, thread_pool
+from discover.mixed import best_past_rollouts, mixed_stream
 from discover.objectives import group_advantages
 from discover.preflight import preflight
 from discover.prompts import build_context
@@ -69,12 +70,15 @@ def _seed_states(run: Run) -> list[State]:
     """SPEC §1: the initial states with their rewards; an invalid seed enters with reward 0."""
     problem = run.problem()
     rng = np.random.default_rng(run.seed("seeds", 0))
-    seeds = problem.seeds(rng, run.config.reuse.seed_states)
+    seeds = problem.seeds(rng, run.config.reuse.seed_states or run.config.groups)  # SPEC §5a: one seed per group
     sandbox = sandbox_for(problem, run.config.sandbox.backend, run.config.sandbox.concurrency)
     states = []
+    scored: dict[str, Any] = {}  # a seed program drawn for several groups is run once
     for i, seed in enumerate(seeds):
         if seed.code.strip() and problem.needs_sandbox and seed.construction is None:
-            verdict = problem.evaluate(seed.code, None, sandbox)  # a program: run it to score it
+            if seed.code not in scored:
+                scored[seed.code] = problem.evaluate(seed.code, None, sandbox)  # a program: run it to score it
+            verdict = scored[seed.code]
             construction = verdict.construction
         else:
             verdict = problem.verify(seed.construction)
@@ -85,6 +89,7 @@ def _seed_states(run: Run) -> list[State]:
             State(
                 id=f"seed-{i}", parent_id=None, step=-1, reward=verdict.reward if verdict.valid else 0.0,
                 code=seed.code, construction=construction, observation=verdict.logs, is_seed=True,
+                key=problem.archive_key(seed.code, construction),
             )
         )
     return states
@@ -107,7 +112,10 @@ def select_parents(run_dir: Path, step: int) -> Ref:
     groups = []
     for g, parent_id in enumerate(chosen):
         s = archive[parent_id]
-        context = build_context(problem.description, problem.render_state(s.code, s.construction), s.reward, s.observation)
+        context = build_context(
+            problem.description, problem.render_state(s.code, s.construction), s.reward, s.observation,
+            previous_reward=s.parent_reward, target=problem.target,
+        )
         groups.append({"group": g, "parent_id": parent_id, "parent_reward": s.reward, "context": context})
     out = run.writes("select_parents", step)
     atomic_write_json(out, {"step": step, "rule": config.reuse.rule, "groups": groups})
@@ -137,8 +145,17 @@ def generate(run_dir: Path, step: int, on_rollout: Callable[[Rollout], None] | N
     )
     t0 = time.time()
     contexts = [g["context"] for g in parents]
+    m = config.mixed
+    if m.greedy or m.neighbourhood:  # SPEC §6, MIGRATE: slots from the best past completions and a neighbourhood prompt
+        past = best_past_rollouts(load_archive(inputs["archive"]), run.layout.rollouts, max(m.greedy, 1))
+        stream = mixed_stream(
+            policy, contexts, config.rollouts_per_group, settings, run.seed("generate", step),
+            run.seed("neighbourhood", step), past, m.greedy, m.neighbourhood,
+        )
+    else:
+        stream = policy.sample_stream(contexts, config.rollouts_per_group, settings, run.seed("generate", step))
     rollouts = []
-    for g, k, completion in policy.sample_stream(contexts, config.rollouts_per_group, settings, run.seed("generate", step)):
+    for g, k, completion in stream:
         rollout = Rollout.of(completion, group=parents[g]["group"], index=k, parent_id=parents[g]["parent_id"])
         rollouts.append(rollout)
         if on_rollout is not None:
@@ -183,10 +200,14 @@ def update_archive(run_dir: Path, step: int) -> Ref:
     config, inputs = run.config, run.reads("update_archive", step)
     archive = load_archive(inputs["archive"])
     parents = [g["parent_id"] for g in json.loads(inputs["parents"].read_text())["groups"]]
-    children = [e.child(step) for e in read_evaluations(inputs["evaluations"])]
-    new = apply_archive_update(
-        archive, parents, children, per_parent=config.reuse.children_per_parent, max_size=config.reuse.archive_size
+    problem = run.problem()
+    children = [e.child(step, problem.archive_key(e.code, e.construction) if e.valid else "") for e in read_evaluations(inputs["evaluations"])]
+    r = config.reuse
+    rules = ArchiveRules(
+        children_per_parent=r.children_per_parent, max_size=r.archive_size, children_scope=r.children_scope,
+        invalid_children=r.invalid_children, deduplicate=r.deduplicate,
     )
+    new = apply_archive_update(archive, parents, children, rules)
     out = run.writes("update_archive", step)
     save_archive(out, new)
     best = new.best()
@@ -199,7 +220,12 @@ def train(run_dir: Path, step: int) -> Ref:
     run = Run.open(run_dir)
     config, inputs = run.config, run.reads("train", step)
     rollouts = read_rollouts(inputs["rollouts"])
-    rewards = {(e.group, e.index): e.reward for e in read_evaluations(inputs["evaluations"])}
+    evaluations = read_evaluations(inputs["evaluations"])
+    rewards = {(e.group, e.index): e.reward for e in evaluations}
+    lazy = 0
+    if config.train.lazy_penalty is not None:  # ThetaEvolve (SPEC §6): a child already in H earns the penalty
+        problem, archive = run.problem(), load_archive(inputs["archive"])
+        rewards, lazy = lazy_rewards(rewards, evaluations, {s.key for s in archive.states.values() if s.key}, problem.archive_key, config.train.lazy_penalty)
     rewards_by_group: dict[int, list[float]] = {}
     for r in rollouts:
         rewards_by_group.setdefault(r.group, []).append(rewards[(r.group, r.index)])
@@ -216,6 +242,7 @@ def train(run_dir: Path, step: int) -> Ref:
         "beta_min": float(np.min(finite)) if finite else None,
         "beta_max": float(np.max(finite)) if finite else None,
         "groups_with_signal": int(sum(np.any(a != 0) for a in advantages.values())),
+        "lazy_children": lazy,
     }
     src, dst = inputs["checkpoint"], run.writes("train", step)
     t0 = time.time()
@@ -242,6 +269,23 @@ def train(run_dir: Path, step: int) -> Ref:
         f"{stats.get('loss', float('nan')):.4g}", beta, stats["groups_with_signal"], f"{stats.get('logprob_gap', float('nan')):.3g}",
     )
     return run.ref(dst)
+
+
+def lazy_rewards(
+    rewards: dict[tuple[int, int], float],
+    evaluations: list[Evaluation],
+    archive_keys: set[str],
+    key_of: Callable[[str, Any], str],
+    penalty: float,
+) -> tuple[dict[tuple[int, int], float], int]:
+    """ThetaEvolve's lazy penalty: a valid child equal to a state of the archive it was drawn from
+    trains with reward `penalty` instead of its own; returns the new rewards and how many changed."""
+    out, changed = dict(rewards), 0
+    for e in evaluations:
+        if e.valid and key_of(e.code, e.construction) in archive_keys:
+            out[(e.group, e.index)] = float(penalty)  # ThetaEvolve §3.3: penalise repeating a program in the database
+            changed += 1
+    return out, changed
 
 
 def best_state(run_dir: Path) -> State:

@@ -73,9 +73,11 @@ def test_two_steps_of_each_atcoder_problem_keep_the_seeds(tmp_path: Path, cli_en
     for problem in configs:
         first, _ = read_archive(tmp_path / problem / "archive" / "0000.parquet")
         last, _ = read_archive(tmp_path / problem / "archive" / "0002.parquet")
-        assert len(first) == 1 and first[0]["is_seed"]
+        # one seed state per group (SPEC §5a): 2 copies of the initial program, scored by one judging
+        assert len(first) == 2 and all(r["is_seed"] for r in first)
+        assert first[0]["code"] == first[1]["code"] and first[0]["reward"] == first[1]["reward"]
         seeds[problem] = first[0]
-        assert {r["id"]: r["reward"] for r in last if r["is_seed"]} == {first[0]["id"]: first[0]["reward"]}
+        assert {r["id"]: r["reward"] for r in last if r["is_seed"]} == {r["id"]: r["reward"] for r in first}
         assert (tmp_path / problem / "steps" / "0001" / "evaluations.parquet").is_file()
     assert seeds["ahc039"]["code"] == SEED_PROGRAM and seeds["ahc039"]["reward"] == pytest.approx(expected)
     assert [row[:2] for row in seeds["ahc039"]["construction"]["cases"]] == [[c, "AC"] for c in range(5)]

@@ -1,4 +1,5 @@
-"""Archive update rules (SPEC §3): m/n/T, top-2 insertion, the size cap, records round trip."""
+"""Archive update rules (SPEC §3, §5a): m/n/T, top-2 insertion, the size cap, records round trip;
+invalid children and Q, top-2 per parent over the whole archive, duplicates."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import json
 
 import pytest
 
-from discover.archive import Archive, Child, State, update_archive
+from discover.archive import Archive, ArchiveRules, Child, State, update_archive
 
 
 def _state(id, reward, parent=None, lineage=(), seed=False, m=None, n=0, step=0):
@@ -23,8 +24,8 @@ def _state(id, reward, parent=None, lineage=(), seed=False, m=None, n=0, step=0)
     )
 
 
-def _child(id, parent, reward, valid=True, step=1):
-    return Child(id=id, parent_id=parent, step=step, reward=reward, valid=valid, code=f"# {id}")
+def _child(id, parent, reward, valid=True, step=1, key=""):
+    return Child(id=id, parent_id=parent, step=step, reward=reward, valid=valid, code=f"# {id}", key=key)
 
 
 def _chain() -> Archive:
@@ -73,13 +74,13 @@ def test_record_expansions_m_n_t_with_ancestors_and_double_selection():
     ar = _chain()
     children = [
         _child("b1", "b", 0.95),
-        _child("b2", "b", 2.0, valid=False),  # invalid: counts as 0, must not set m(b) = 2.0
+        _child("b2", "b", 2.0, valid=False),  # invalid: ignored, must not set m(b) = 2.0
         _child("b3", "b", 0.7),
         _child("c1", "c", 0.3),
         _child("c2", "c", 5.0, valid=False),
     ]
     ar.record_expansions(["b", "b", "c"], children)
-    # m: direct parent only. m(b) = max(0.95, 0, 0.7) = 0.95; m(c) = max(0.3, 0) = 0.3
+    # m: direct parent only. m(b) = max(0.95, 0.7) = 0.95; m(c) = 0.3
     assert ar["b"].best_child_reward == 0.95
     assert ar["c"].best_child_reward == 0.3
     assert ar["a"].best_child_reward is None and ar["s"].best_child_reward is None
@@ -89,9 +90,28 @@ def test_record_expansions_m_n_t_with_ancestors_and_double_selection():
     assert ar.total_expansions == 3
 
 
+def test_all_invalid_expansion_keeps_q_at_the_parents_reward():
+    # SPEC §5a (released code): c (R = 0.4) expanded with two invalid children keeps m(c) unset,
+    # so Q(c) = R(c) = 0.4; it still counts as a visit (n(c) = 1, n(s) = 1, T = 1).
+    ar = _chain()
+    ar.record_expansions(["c"], [_child("c1", "c", 9.0, valid=False), _child("c2", "c", 0.0, valid=False)])
+    assert ar["c"].best_child_reward is None
+    assert ar["c"].visits == 1 and ar["s"].visits == 1 and ar.total_expansions == 1
+    from discover.reuse import puct_scores
+
+    # |H| = 4, ranks b, a, c, s -> P(c) = (4 - 2) / 10; scale = 0.9 - 0.4 (non-seeds); T = 1
+    expected = 0.4 + 1.0 * 0.5 * 0.2 * 2**0.5 / (1 + 1)
+    assert puct_scores(ar)["c"] == pytest.approx(expected)
+    # the "zero" option: invalid children count as reward 0, so Q(c) drops to 0
+    zero = _chain()
+    zero.record_expansions(["c"], [_child("c1", "c", 9.0, valid=False)], invalid_children="zero")
+    assert zero["c"].best_child_reward == 0.0
+    assert puct_scores(zero)["c"] == pytest.approx(0.0 + 1.0 * 0.5 * 0.2 * 2**0.5 / 2)
+
+
 def test_record_expansions_m_is_running_max_and_invalid_counts_as_zero():
     ar = _chain()
-    ar.record_expansions(["c"], [_child("c1", "c", 9.0, valid=False)])
+    ar.record_expansions(["c"], [_child("c1", "c", 9.0, valid=False)], invalid_children="zero")
     assert ar["c"].best_child_reward == 0.0  # only invalid children: max(None, 0) = 0
     ar.record_expansions(["c"], [_child("c2", "c", 0.8)])
     assert ar["c"].best_child_reward == 0.8  # max(0, 0.8)
@@ -161,7 +181,7 @@ def test_update_archive_returns_new_archive_and_leaves_input_untouched():
         _child("b4", "b", 0.2),  # 3rd best of b: not inserted
         _child("c1", "c", 0.05),
     ]
-    new = update_archive(ar, ["b", "c"], children, max_size=5)
+    new = update_archive(ar, ["b", "c"], children, ArchiveRules(max_size=5))
     assert ar.to_records() == before and ar.total_expansions == 0
     # after insertion: s, a(0.6), b(0.9), c(0.4), b1(0.95), b3(0.7), c1(0.05) -> 6 non-seeds;
     # cap 5 keeps s + best 4 non-seeds: b1 0.95, b 0.9, b3 0.7, a 0.6 -> c and c1 evicted
@@ -185,3 +205,49 @@ def test_records_round_trip_exactly():
     assert back.to_records() == records
     assert back.states == ar.states  # dataclass equality: m, n, lineage tuples, seeds
     assert back["b1"].lineage == ("s", "a", "b")
+
+
+def test_top_two_children_per_parent_hold_across_the_whole_archive():
+    # b already has two children (b1 0.95, b2 0.5). Step 2 expands b again: b3 0.7 and b4 0.6.
+    # Scope "archive" (released code): b keeps its best two over H, b1 0.95 and b3 0.7; b2 and b4
+    # go. Scope "step": each step inserts its own top two, so b ends with four children.
+    ar = _chain()
+    ar = update_archive(ar, ["b"], [_child("b1", "b", 0.95), _child("b2", "b", 0.5)])
+    step2 = [_child("b3", "b", 0.7, step=2), _child("b4", "b", 0.6, step=2)]
+    kept = update_archive(ar, ["b"], step2)
+    assert [s.id for s in kept.states.values() if s.parent_id == "b"] == ["b1", "b3"]
+    per_step = update_archive(ar, ["b"], step2, ArchiveRules(children_scope="step"))
+    assert [s.id for s in per_step.states.values() if s.parent_id == "b"] == ["b1", "b2", "b3", "b4"]
+
+
+def test_trim_children_keeps_grandchildren_of_an_evicted_child():
+    ar = _chain()
+    ar.insert_children([_child("c1", "c", 0.2), _child("c2", "c", 0.1)])
+    ar.insert_children([_child("x", "c2", 0.9)])  # c2's child
+    ar.insert_children([_child("c3", "c", 0.3)])  # c now has three children: c3 0.3, c1 0.2, c2 0.1
+    assert ar.trim_children(["c"]) == ["c2"]
+    assert "x" in ar and ar["x"].lineage == ("s", "c", "c2")
+    assert ar.descendants("c") == {"c1", "c3", "x"}
+
+
+def test_duplicates_of_archive_states_are_not_inserted():
+    # a's key is "A". Children of b: b1 equal to a (key "A"), b2 and b3 equal to each other
+    # (key "B"), b4 new (key "C"). Dedup keeps b2 (the better of the two "B"s) and b4; the top
+    # two of b are then b2 and b4 although b1 had the highest reward.
+    ar = _chain()
+    ar.states["a"].key = "A"
+    children = [
+        _child("b1", "b", 0.99, key="A"),
+        _child("b2", "b", 0.8, key="B"),
+        _child("b3", "b", 0.7, key="B"),
+        _child("b4", "b", 0.6, key="C"),
+    ]
+    new = update_archive(ar, ["b"], children)
+    assert [s.id for s in new.states.values() if s.parent_id == "b"] == ["b2", "b4"]
+    assert new["b2"].key == "B"
+    assert new["b"].best_child_reward == 0.99  # m counts every valid child, duplicates included
+    off = update_archive(ar, ["b"], children, ArchiveRules(deduplicate=False))
+    assert [s.id for s in off.states.values() if s.parent_id == "b"] == ["b1", "b2"]
+    # an empty key (unknown) never matches
+    blank = update_archive(ar, ["b"], [_child("e1", "b", 0.5), _child("e2", "b", 0.4)])
+    assert [s.id for s in blank.states.values() if s.parent_id == "b"] == ["e1", "e2"]

@@ -28,7 +28,7 @@ def test_defaults_are_the_papers_table_9() -> None:
 @pytest.mark.parametrize(
     "data, field, hint",
     [
-        ({"problem": "toy", "reuse": {"rule": "pcut"}}, "reuse.rule", "'puct', 'epsilon-greedy' or 'none'"),
+        ({"problem": "toy", "reuse": {"rule": "pcut"}}, "reuse.rule", "'puct', 'epsilon-greedy', 'none' or 'chains'"),
         ({"problem": "toy", "train": {"objective": "grpo"}}, "train.objective", "'entropic-adaptive', 'entropic-constant', 'expected' or 'none'"),
         ({"problem": "nope"}, "problem", "allowed values: " + ", ".join(problem_names())),
         ({"problem": "toy", "stepz": 3}, "stepz", "unknown field"),

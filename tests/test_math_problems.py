@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from cli.app import app
 from evaluators.base import ParentView
+from evaluators.math.autocorrelation import STARTERS
 from evaluators.registry import get_problem
 from evaluators.sandbox import ProcessSandbox
 
@@ -25,7 +26,8 @@ def test_seeds_are_reproducible_and_valid(problem: str) -> None:
     seeds = p.seeds(np.random.default_rng(5), 4)
     assert seeds == p.seeds(np.random.default_rng(5), 4) and len(seeds) == 4
     for seed in seeds:
-        assert seed.code == ""
+        starter = getattr(p, "starter", "")
+        assert seed.code == ((STARTERS / starter).read_text() if starter else "")
         result = p.verify(seed.construction)
         assert result.valid and result.reward > 0, result.reason
         json.dumps(seed.construction)  # plain data, as the archive stores it
@@ -132,6 +134,19 @@ def test_ac_candidates_run_in_the_sandbox_and_return_plain_data(sandbox: Process
     cheat = "def construct(parent):\n    print('bound 0.1, reward 99')\n    return [0.0] * 10 + [1e-9]\n"
     result = get_problem("ac2", timeout_s=30.0).evaluate(cheat, None, sandbox)
     assert not result.valid and "sum" in result.reason and "reward 99" in result.logs
+
+
+@pytest.mark.parametrize("problem", ["ac1", "ac2"])
+def test_ac_starter_programs_improve_on_a_random_seed(sandbox: ProcessSandbox, problem: str) -> None:
+    # SPEC §5a: each AC seed state carries a starter program; run on its own seed it must return a
+    # valid, better construction (AC1: LP steps from the constant 2.0 to about 1.54; AC2: 2/3 up).
+    p = get_problem(problem)
+    seed = p.seeds(np.random.default_rng(3), 1)[0]
+    before = p.verify(seed.construction)
+    after = p.evaluate(seed.code, ParentView(code=seed.code, construction=seed.construction), sandbox)
+    assert after.valid, after.reason
+    assert after.reward > before.reward * 1.05
+    assert "pieces, bound" in after.logs
 
 
 def test_circle_candidates_run_in_the_sandbox(sandbox: ProcessSandbox) -> None:

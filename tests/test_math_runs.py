@@ -67,7 +67,8 @@ def test_two_steps_of_each_math_problem_keep_the_seeds_with_their_rewards(tmp_pa
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert [line.split()[0] for line in proc.stdout.splitlines()] == PROBLEMS
 
-    expected_seeds = {"erdos": 3, "ac1": 1, "ac2": 2, "circles-26": 1, "circles-32": 1}
+    # erdos: seed_states 3; ac2: the file's two; the others one per group (SPEC §5a), 2 groups
+    expected_seeds = {"erdos": 3, "ac1": 2, "ac2": 2, "circles-26": 2, "circles-32": 2}
     for problem in PROBLEMS:
         run_dir = tmp_path / problem
         verifier = get_problem(problem, **configs[problem].get("problem_options", {}))

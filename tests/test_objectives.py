@@ -13,6 +13,7 @@ from discover.objectives import (
     adaptive_beta,
     group_advantages,
     importance_sampling_loss,
+    batch_kl_mean,
     kl_shaped_advantages,
     kl_to_uniform,
     loo_entropic_advantages,
@@ -142,6 +143,20 @@ def test_kl_shaping_formula():
     assert not out.requires_grad
     per_token = kl_shaped_advantages(torch.tensor([1.0, 0.0, -1.0]), logp_policy, logp_base, kl_coef=0.0)
     torch.testing.assert_close(per_token, torch.tensor([1.0, 0.0, -1.0]))
+
+
+def test_kl_shaping_centred_over_the_batch():
+    # released code: A - lambda (d - mean(d)), the mean over the batch's masked tokens only.
+    # d = [0.5, -1, 0] (masked) and [2.0 (masked), 9.0 (unmasked)] -> mean over 4 tokens = 1.5 / 4
+    lp = [torch.tensor([-1.0, -2.0, -0.5]), torch.tensor([0.0, 1.0])]
+    lb = [torch.tensor([-1.5, -1.0, -0.5]), torch.tensor([-2.0, -8.0])]
+    masks = [torch.tensor([1, 1, 1]), torch.tensor([1, 0])]
+    center = batch_kl_mean(lp, lb, masks)
+    assert center == pytest.approx(0.375)
+    out = kl_shaped_advantages(torch.tensor(1.5), lp[0], lb[0], kl_coef=0.1, center=center)
+    # 1.5 - 0.1 * ([0.5, -1, 0] - 0.375) = [1.4875, 1.6375, 1.5375]
+    torch.testing.assert_close(out, torch.tensor([1.4875, 1.6375, 1.5375]))
+    assert batch_kl_mean([torch.tensor([1.0])], [torch.tensor([0.0])], [torch.tensor([0])]) == 0.0
 
 
 def test_importance_sampling_loss_value_and_grad():

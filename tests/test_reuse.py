@@ -11,6 +11,7 @@ from discover.archive import Archive, State
 from discover.reuse import (
     REUSE_RULES,
     puct_scores,
+    select_chains,
     select_epsilon_greedy,
     select_none,
     select_parents,
@@ -130,9 +131,29 @@ def test_none_always_returns_seeds_cycling():
     assert select_none(_chain(), 3) == ["s", "s", "s"]
 
 
+def test_chains_follow_the_best_state_of_each_seeds_tree():
+    # Two chains: seed s0 -> x (0.5) -> y (0.3); seed s1 -> z (0.2), w (0.2, a tie: z is earlier).
+    # Chain 0 refines x (its best, not the newest y), chain 1 refines z; a third slot cycles.
+    ar = Archive(
+        [
+            _state("s0", 0.1, seed=True),
+            _state("s1", 0.15, seed=True),
+            _state("x", 0.5, "s0", ("s0",)),
+            _state("z", 0.2, "s1", ("s1",)),
+            _state("y", 0.3, "x", ("s0", "x")),
+            _state("w", 0.2, "s1", ("s1",)),
+        ]
+    )
+    assert select_chains(ar, 3) == ["x", "z", "x"]
+    # a chain whose children all scored below its seed stays at the seed
+    flat = Archive([_state("s0", 0.4, seed=True), _state("x", 0.1, "s0", ("s0",))])
+    assert select_chains(flat, 1) == ["s0"]
+
+
 def test_select_parents_dispatch_and_errors():
     rng = np.random.default_rng(0)
-    assert REUSE_RULES == ("puct", "epsilon-greedy", "none")
+    assert REUSE_RULES == ("puct", "epsilon-greedy", "none", "chains")
+    assert select_parents(_chain(), "chains", 2, rng) == ["b", "b"]
     assert select_parents(_chain(), "puct", 2, rng) == ["b", "c"]
     assert select_parents(_chain(), "epsilon-greedy", 3, rng, epsilon=0.0) == ["b", "b", "b"]
     assert select_parents(_chain(), "none", 2, rng) == ["s", "s"]

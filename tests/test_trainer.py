@@ -104,7 +104,7 @@ def test_split_batch_gradient_equals_unsplit(model, rollouts):
     assert abs(s1["loss"] - loss) < 1e-4 * max(1.0, abs(loss))
 
 
-def _one_pass_gradient(policy, comps, advantages, kl_coef):
+def _one_pass_gradient(policy, comps, advantages, kl_coef, center=False):
     """The reference: every rollout in one right-padded pass, the SPEC §2 loss, one backward."""
     from discover.objectives import kl_shaped_advantages
 
@@ -117,10 +117,27 @@ def _one_pass_gradient(policy, comps, advantages, kl_coef):
     lp_s = torch.tensor([x for c in comps for x in c.sampler_logprobs])
     mask = torch.tensor([m for c in comps for m in c.loss_mask])
     adv = torch.tensor([a for c, a in zip(comps, advantages) for _ in c.completion_ids])
-    loss = importance_sampling_loss(lp_l, lp_s, kl_shaped_advantages(adv, lp_s, lp_b, kl_coef), mask)
+    mean = float((lp_s - lp_b)[mask.bool()].mean()) if center else 0.0  # released code: centred KL
+    loss = importance_sampling_loss(lp_l, lp_s, kl_shaped_advantages(adv, lp_s, lp_b, kl_coef, mean), mask)
     loss.backward()
     model.eval()
     return _grads(policy), float(loss.detach())
+
+
+def test_centred_kl_over_micro_batches_equals_one_pass(rollouts):
+    policy = _policy()
+    advantages = [1.0, -0.5, 0.25, 0.0, -1.0, 0.75, 0.5, -0.25]
+    policy.model.zero_grad(set_to_none=True)
+    policy.model.train()
+    accumulate_gradients(policy.model, rollouts, advantages, kl_coef=0.5, temperature=1.0, micro_batch_tokens=1, pad_id=0, kl_center=True)
+    policy.model.eval()
+    split = _grads(policy)
+    whole, _ = _one_pass_gradient(policy, rollouts, advantages, kl_coef=0.5, center=True)
+    plain, _ = _one_pass_gradient(policy, rollouts, advantages, kl_coef=0.5, center=False)
+    for a, b in zip(split, whole, strict=True):
+        scale = b.abs().max().clamp(min=1e-12)
+        assert torch.allclose(a, b, atol=1e-5 * scale, rtol=1e-4)
+    assert any(not torch.allclose(a, b) for a, b in zip(whole, plain, strict=True))  # centring changes the gradient
 
 
 def test_right_padded_logprobs_equal_one_sequence_at_a_time(rollouts):

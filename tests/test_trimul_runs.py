@@ -75,9 +75,11 @@ def test_two_steps_of_trimul_keep_the_initial_kernel(tmp_path: Path, long_tiny_m
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert proc.stdout.split()[0] == "trimul"
     seeds, _ = archive_records(run_dir / "archive" / "0000.parquet")
-    assert len(seeds) == 1 and seeds[0]["is_seed"] and seeds[0]["code"] == INITIAL_KERNEL
+    # one seed state per group (SPEC §5a): 2 copies of the initial kernel, timed once
+    assert len(seeds) == 2 and all(s["is_seed"] and s["code"] == INITIAL_KERNEL for s in seeds)
+    assert seeds[0]["reward"] == seeds[1]["reward"]
     last, _ = archive_records(run_dir / "archive" / "0002.parquet")
-    assert "seed-0" in {r["id"] for r in last}
+    assert {"seed-0", "seed-1"} <= {r["id"] for r in last}
     if local_gpus():
         assert seeds[0]["reward"] > 0  # measured on this machine's GPU
     else:

@@ -79,6 +79,13 @@ class Policy(Protocol):
             for j, completion in enumerate(completions):
                 yield i, j, completion
 
+    def sequence_logprobs(
+        self, completions: list[Completion], with_adapter: bool = True, temperature: float | None = None
+    ) -> list[Any]:
+        """Per-token log-probs (one tensor per completion) of each completion given its prompt under the
+        current policy (the base model when `with_adapter` is False); used to re-score re-attached ones."""
+        ...
+
     def train_step(
         self, batch: TrainBatch, train: Any, temperature: float = 1.0, optimizer_state: Path | None = None
     ) -> dict[str, float]:

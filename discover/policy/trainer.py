@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from discover.objectives import importance_sampling_loss, kl_shaped_advantages
+from discover.objectives import batch_kl_mean, importance_sampling_loss, kl_shaped_advantages
 from discover.policy.base import Completion
 from discover.policy.packing import pack_by_tokens, padded_tokens
 
@@ -116,11 +116,14 @@ def accumulate_gradients(
     micro_batch_tokens: int,
     pad_id: int,
     ratio_cap: float | None = None,
+    kl_center: bool = False,
 ) -> dict[str, Any]:
     """Backward of the step's loss (SPEC §2) into the adapter's .grad, micro-batch by micro-batch.
 
     Rollouts with no trainable token, or with a zero advantage and no KL term, contribute nothing
-    and are skipped. Returns the step's statistics (the caller steps the optimizer).
+    and are skipped. With `kl_center` the base model's log-probs of every micro-batch are computed
+    first, and the KL term is centred on their batch mean (the released code). Returns the step's
+    statistics (the caller steps the optimizer).
     """
     chosen = [
         (c, float(a)) for c, a in zip(completions, advantages, strict=True)
@@ -129,19 +132,32 @@ def accumulate_gradients(
     lengths = [len(c.prompt_ids) + len(c.completion_ids) for c, _ in chosen]
     batches = pack_by_tokens(lengths, micro_batch_tokens) if chosen else []
     t = _Totals()
-    for batch in batches:
-        comps = [chosen[i][0] for i in batch]
+
+    def base_logprobs(comps: list[Completion]) -> torch.Tensor:
+        with torch.no_grad(), model.disable_adapter():  # SPEC §2: pi_0 is the base model, LoRA off
+            return torch.cat(token_logprobs(model, comps, temperature, pad_id)).float().cpu()
+
+    def sampler_logprobs(comps: list[Completion]) -> tuple[torch.Tensor, torch.Tensor]:
         mask = torch.tensor([m for c in comps for m in c.loss_mask], dtype=torch.bool)
-        lp_s = torch.tensor([x for c in comps for x in c.sampler_logprobs], dtype=torch.float32)
+        return mask, torch.tensor([x for c in comps for x in c.sampler_logprobs], dtype=torch.float32)
+
+    center, base_first = 0.0, {}
+    if kl_coef > 0 and kl_center:  # released code: the KL term's mean over the batch's tokens is removed
+        for b, batch in enumerate(batches):
+            base_first[b] = base_logprobs([chosen[i][0] for i in batch])
+        masks, samplers = zip(*(sampler_logprobs([chosen[i][0] for i in batch]) for batch in batches)) if batches else ((), ())
+        center = batch_kl_mean(samplers, [base_first[b] for b in range(len(batches))], masks)
+    for b, batch in enumerate(batches):
+        comps = [chosen[i][0] for i in batch]
+        mask, lp_s = sampler_logprobs(comps)
         adv = torch.tensor([chosen[i][1] for i in batch for _ in chosen[i][0].completion_ids], dtype=torch.float32)
         if kl_coef > 0:
-            with torch.no_grad(), model.disable_adapter():  # SPEC §2: pi_0 is the base model, LoRA off
-                lp_b = torch.cat(token_logprobs(model, comps, temperature, pad_id)).float()
+            lp_b = base_first[b] if b in base_first else base_logprobs(comps)
         lp_l = torch.cat(token_logprobs(model, comps, temperature, pad_id))
         dev = lp_l.device
         mask, lp_s, adv = mask.to(dev), lp_s.to(dev), adv.to(dev)
         lp_b = lp_b.to(dev) if kl_coef > 0 else lp_s
-        token_adv = kl_shaped_advantages(adv, lp_s, lp_b, kl_coef)  # SPEC §2: A_n - lambda (log pi - log pi_0)
+        token_adv = kl_shaped_advantages(adv, lp_s, lp_b, kl_coef, center)  # SPEC §2: A_n - lambda (log pi - log pi_0)
         loss = importance_sampling_loss(lp_l, lp_s, token_adv, mask, ratio_cap=ratio_cap)
         loss.backward()
         with torch.no_grad():

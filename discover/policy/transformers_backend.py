@@ -283,7 +283,7 @@ class TransformersPolicy(Policy):
                 self.model, batch.completions, batch.advantages,
                 kl_coef=train.kl_coef, temperature=temperature,
                 micro_batch_tokens=self.model_config.micro_batch_tokens, pad_id=self._pad_id(),
-                ratio_cap=train.importance_ratio_cap,
+                ratio_cap=train.importance_ratio_cap, kl_center=train.kl_center,
             )
         finally:
             self.model.eval()

@@ -234,6 +234,10 @@ class VLLMPolicy(Policy):
             self._trainer = TransformersPolicy.load(self.model_config, self.adapter_dir, seed=self.seed)
         return self._trainer
 
+    def sequence_logprobs(self, completions: list[Completion], with_adapter: bool = True, temperature: float | None = None) -> list:
+        """Per-token log-probs of each completion given its prompt, from the resident trainer."""
+        return self.trainer().sequence_logprobs(completions, with_adapter=with_adapter, temperature=temperature)
+
     def train_step(
         self, batch: TrainBatch, train: TrainConfig, temperature: float = 1.0, optimizer_state: Path | None = None
     ) -> dict[str, float]:

@@ -31,6 +31,8 @@ class FirstAutocorrelationProblem(AutocorrelationProblem):
     """Minimise the AC1 bound 2 n max(f * f) / (sum f)^2 with a sequence written by a program."""
 
     name = "ac1"
+    starter = "ac1_lp.py"  # linear-programming steps, as the released AC1 seed program takes
+    target = 1.0 / BEST_KNOWN_BOUND  # SPEC §5a: the record to beat, in reward units (1 / bound)
 
     def certify(self, f: np.ndarray) -> tuple[float, dict[str, float]]:
         bound = ac1_bound(f)

@@ -89,6 +89,7 @@ class CirclePackingProblem(MathProblem):
             raise ValueError(f"tolerance must be a finite number >= 0, got {tolerance!r}")
         self.n, self.tolerance = n, float(tolerance)
         self.name = f"circles-{n}"
+        self.target = BEST_KNOWN.get(n)  # SPEC §5a: the record to beat (sum of radii); None for other n
         super().__init__(**options)
 
     def verify(self, construction: Any) -> EvalResult:

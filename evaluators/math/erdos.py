@@ -41,6 +41,7 @@ class ErdosProblem(SequenceProblem):
     """Minimise the Erdős minimum-overlap bound with a step function written by a program."""
 
     name = "erdos"
+    target = 1.0 / BEST_KNOWN_BOUND  # SPEC §5a: the record to beat, in reward units (1 / bound)
 
     def verify(self, construction: Any) -> EvalResult:
         values, reason = check_sequence(construction, high=1.0, max_pieces=MAX_PIECES)
