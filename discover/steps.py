@@ -74,6 +74,7 @@ def _seed_states(run: Run) -> list[State]:
     sandbox = sandbox_for(problem, run.config.sandbox.backend, run.config.sandbox.concurrency)
     states = []
     scored: dict[str, Any] = {}  # a seed program drawn for several groups is run once
+    invalid: dict[str, list[int]] = {}  # reason -> the seeds it rejects, logged once per reason
     for i, seed in enumerate(seeds):
         if seed.code.strip() and problem.needs_sandbox and seed.construction is None:
             if seed.code not in scored:
@@ -84,7 +85,7 @@ def _seed_states(run: Run) -> list[State]:
             verdict = problem.verify(seed.construction)
             construction = seed.construction
         if not verdict.valid:
-            log.warning("seed %d of %s is invalid (reward 0): %s", i, problem.name, verdict.reason)
+            invalid.setdefault(verdict.reason, []).append(i)
         states.append(
             State(
                 id=f"seed-{i}", parent_id=None, step=-1, reward=verdict.reward if verdict.valid else 0.0,
@@ -92,6 +93,9 @@ def _seed_states(run: Run) -> list[State]:
                 key=problem.archive_key(seed.code, construction),
             )
         )
+    for reason, ids in invalid.items():
+        which = f"seed {ids[0]} of {problem.name} is" if len(ids) == 1 else f"seeds {', '.join(map(str, ids))} of {problem.name} are"
+        log.warning("%s invalid (reward 0): %s", which, reason)
     return states
 
 
