@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import textwrap
 import time
 import urllib.request
 from pathlib import Path
@@ -17,6 +18,20 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SERVER_STARTUP_TIMEOUT_S = 900  # generous: on a loaded 2-core machine a first start takes minutes
+
+# A discovery run in a fresh process (`python -c RUN_SCRIPT CONFIG.yaml`, with `cli_env`): it prints
+# the problem, the best state and its reward.
+RUN_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    from discover.config import dump_config, load_config
+    from flows.run_flow import discovery_run
+
+    cfg = load_config(sys.argv[1])
+    result = discovery_run(run_dir=str(cfg.run_dir), config_yaml=dump_config(cfg))
+    print(cfg.problem, result["best_state"], result["best_reward"], flush=True)
+    """
+)
 
 
 @pytest.fixture
@@ -34,6 +49,20 @@ def tiny_model_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     build_tiny_model(cache / "models" / TINY_MODEL_NAME)
     os.environ["DISCOVER_CACHE"] = str(cache)
     return cache
+
+
+@pytest.fixture(scope="session")
+def long_context_tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model built with 8,192 positions instead of 2,048: the contexts of TriMul (about
+    5,000 tokens) and denoising (about 3,700) do not fit the embedded build."""
+    from unittest import mock
+
+    from discover.policy import tiny_model
+
+    out = tmp_path_factory.mktemp("models") / "tiny-gpt2-8k"
+    with mock.patch.object(tiny_model, "N_POSITIONS", 8192):
+        tiny_model.build_tiny_model(out)
+    return out
 
 
 def _free_port() -> int:

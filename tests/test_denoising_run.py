@@ -5,43 +5,16 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
-from unittest import mock
 
 import pytest
 import yaml
 
 from evaluators.bio.denoising.problem import DenoisingProblem, program
 from evaluators.bio.denoising.report import run_program
-from tests.conftest import archive_records
+from tests.conftest import RUN_SCRIPT, archive_records
 
 pytestmark = pytest.mark.slow
-
-_RUN = textwrap.dedent(
-    """
-    import sys
-    from discover.config import dump_config, load_config
-    from flows.run_flow import discovery_run
-
-    cfg = load_config(sys.argv[1])
-    result = discovery_run(run_dir=str(cfg.run_dir), config_yaml=dump_config(cfg))
-    print(cfg.problem, result["best_state"], result["best_reward"], flush=True)
-    """
-)
-
-
-@pytest.fixture(scope="module")
-def long_context_tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny model with 8,192 positions: with its 512-token vocabulary the denoising context
-    (problem text and the MAGIC program) is about 3,700 tokens, over the embedded model's 2,048."""
-    from discover.policy import tiny_model
-
-    out = tmp_path_factory.mktemp("models") / "tiny-gpt2-8k"
-    with mock.patch.object(tiny_model, "N_POSITIONS", 8192):
-        tiny_model.build_tiny_model(out)
-    return out
-
 
 def test_two_steps_keep_the_magic_seed_with_its_reward(tmp_path: Path, long_context_tiny_model: Path, cli_env: dict[str, str]) -> None:
     run_dir = tmp_path / "denoising"
@@ -57,7 +30,7 @@ def test_two_steps_keep_the_magic_seed_with_its_reward(tmp_path: Path, long_cont
     }
     path = tmp_path / "denoising.yaml"
     path.write_text(yaml.safe_dump(config))
-    proc = subprocess.run([sys.executable, "-c", _RUN, str(path)], env=cli_env, capture_output=True, text=True, timeout=1200)
+    proc = subprocess.run([sys.executable, "-c", RUN_SCRIPT, str(path)], env=cli_env, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
     first, _ = archive_records(run_dir / "archive" / "0000.parquet")

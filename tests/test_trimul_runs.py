@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -22,42 +21,13 @@ from evaluators.kernels.trimul.problem import INITIAL_KERNEL
 from evaluators.sandbox.gpus import local_gpus
 from storage.atomic import atomic_write_json, atomic_write_text
 from storage.layout import RunLayout
-from tests.conftest import archive_records
+from tests.conftest import RUN_SCRIPT, archive_records
 from tests.trimul_kernels import CORRECT_TORCH
 
 REPO = Path(__file__).resolve().parents[1]
 
-_RUN = textwrap.dedent(
-    """
-    import sys
-    from discover.config import dump_config, load_config
-    from flows.run_flow import discovery_run
-
-    cfg = load_config(sys.argv[1])
-    result = discovery_run(run_dir=str(cfg.run_dir), config_yaml=dump_config(cfg))
-    print(cfg.problem, result["best_state"], result["best_reward"], flush=True)
-    """
-)
-
-
-@pytest.fixture(scope="module")
-def long_tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The embedded tiny model built with 8192 positions: TriMul's problem text and initial kernel
-    take about 5,000 of its tokens, more than the default build's 2,048."""
-    from discover.policy import tiny_model
-
-    out = tmp_path_factory.mktemp("models") / "tiny-8k"
-    saved = tiny_model.N_POSITIONS
-    tiny_model.N_POSITIONS = 8192
-    try:
-        tiny_model.build_tiny_model(out)
-    finally:
-        tiny_model.N_POSITIONS = saved
-    return out
-
-
 @pytest.mark.slow
-def test_two_steps_of_trimul_keep_the_initial_kernel(tmp_path: Path, long_tiny_model: Path, cli_env: dict[str, str]) -> None:
+def test_two_steps_of_trimul_keep_the_initial_kernel(tmp_path: Path, long_context_tiny_model: Path, cli_env: dict[str, str]) -> None:
     run_dir = tmp_path / "trimul"
     config = {
         "problem": "trimul",
@@ -65,13 +35,13 @@ def test_two_steps_of_trimul_keep_the_initial_kernel(tmp_path: Path, long_tiny_m
         "steps": 2,
         "groups": 2,
         "rollouts_per_group": 2,
-        "model": {"name": str(long_tiny_model), "lora_rank": 4, "device": "cpu", "micro_batch_tokens": 1},  # one rollout per pass
+        "model": {"name": str(long_context_tiny_model), "lora_rank": 4, "device": "cpu", "micro_batch_tokens": 1},  # one rollout per pass
         "sampling": {"context_tokens": 8192, "thinking_budget": 8192, "max_answer_tokens": 8},
         "sandbox": {"backend": "process", "concurrency": 2, "max_processes": 256},
     }
     path = tmp_path / "trimul.yaml"
     path.write_text(yaml.safe_dump(config))
-    proc = subprocess.run([sys.executable, "-c", _RUN, str(path)], env=cli_env, capture_output=True, text=True, timeout=1800, cwd=REPO)
+    proc = subprocess.run([sys.executable, "-c", RUN_SCRIPT, str(path)], env=cli_env, capture_output=True, text=True, timeout=1800, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert proc.stdout.split()[0] == "trimul"
     seeds, _ = archive_records(run_dir / "archive" / "0000.parquet")
