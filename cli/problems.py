@@ -184,7 +184,7 @@ def _print_result(problem: str, result, as_json: bool) -> None:
         typer.echo(json.dumps(out))
     else:
         if cases:
-            from discover.report import markdown_table
+            from evaluators.markdown import markdown_table
 
             typer.echo(markdown_table(cases, ["case", "verdict", "score", "cpu_s", "peak_mb", "reason"]), nl=False)
             typer.echo(f"{result.metrics['cases_passed']}/{result.metrics['cases_total']} cases accepted")

@@ -117,7 +117,7 @@ def run_job(job: CandidateJob) -> dict[str, Any]:
         "reason": verdict.reason,
         "construction": verdict.construction,
         "metrics": dict(verdict.metrics),
-        "logs": verdict.logs,
+        "logs": verdict.observation,
         "seconds": time.time() - t0,
     }
 
@@ -226,5 +226,5 @@ class StepEvaluation:
         if job is None:
             return Evaluation.of(rollout, self.step, EvalResult.invalid(NO_CANDIDATE), "", 0.0)
         r = self._results[job.key]
-        result = EvalResult(r["reward"], r["valid"], r["reason"], r["construction"], r["metrics"], r["logs"])
+        result = EvalResult(reward=r["reward"], valid=r["valid"], reason=r["reason"], construction=r["construction"], metrics=r["metrics"], observation=r["logs"])
         return Evaluation.of(rollout, self.step, result, job.candidate, r["seconds"])

@@ -66,7 +66,7 @@ class Evaluation:
             code=code,
             construction=result.construction,
             metrics=dict(result.metrics),
-            logs=result.logs,
+            logs=result.observation,
             seconds=seconds,
         )
 

@@ -25,7 +25,7 @@ from typing import Any, Callable, ContextManager
 
 import pyarrow as pa
 
-from discover.report import markdown_table
+from evaluators.markdown import markdown_table
 from discover.archive import State
 from discover.run import Run, load_archive, read_evaluations
 from evaluators.base import EvalResult, ParentView

@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 from discover.config import load_config
 from discover.run import load_archive, make_problem
 from discover.status import step_rows
+from evaluators.markdown import markdown_table
 from storage.atomic import atomic_path, atomic_write_text
 from storage.layout import RunLayout
 from storage.manifest import TASKS, read_manifest
@@ -34,25 +35,6 @@ def step_rewards(run_dir: Path) -> dict[int, np.ndarray]:
     for path in sorted((layout.root / "steps").glob("*/evaluations.parquet")):
         out[int(path.parent.name)] = pq.read_table(path, columns=["reward"]).column("reward").to_numpy()
     return out
-
-
-def _cell(value: Any) -> str:
-    if value is None:
-        return "–"
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
-
-
-def markdown_table(rows: list[dict[str, Any]], columns: tuple[str, ...] | list[str] | None = None) -> str:
-    """Rows of dicts as a Markdown table (the columns of the first row unless given)."""
-    if not rows:
-        return "_(no rows)_\n"
-    columns = list(columns or rows[0].keys())
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    for r in rows:
-        lines.append("| " + " | ".join(_cell(r.get(c)).replace("|", "\\|") for c in columns) + " |")
-    return "\n".join(lines) + "\n"
 
 
 def reward_figure(run_dir: Path, path: Path) -> Path:

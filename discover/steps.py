@@ -89,7 +89,7 @@ def _seed_states(run: Run) -> list[State]:
         states.append(
             State(
                 id=f"seed-{i}", parent_id=None, step=-1, reward=verdict.reward if verdict.valid else 0.0,
-                code=seed.code, construction=construction, observation=verdict.logs, is_seed=True,
+                code=seed.code, construction=construction, observation=verdict.observation, is_seed=True,
                 key=problem.archive_key(seed.code, construction),
             )
         )

@@ -1,7 +1,11 @@
-"""What every problem provides, and the small result object an evaluation returns.
+"""What every problem provides, and the one result record an evaluation returns.
 
 An evaluator is a pure function from a candidate to an `EvalResult`: it knows nothing of the
-archive, the model or Prefect (DESIGN.md, "evaluators/").
+archive, the model or Prefect (docs/architecture.md, "Floors"). `EvalResult` is the record that
+travels: the candidate store keeps it, a step's evaluations table extends it with the rollout it
+came from (discover/records.py `Evaluation`), and a re-evaluation table with the state it re-scored
+(discover/reevaluation.py `Reevaluation`); their Parquet schemas derive from the fields below
+(storage/tables.py).
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, Sequence
 
 import numpy as np
 
@@ -19,20 +23,59 @@ from evaluators.parsing import normalize_code
 from evaluators.sandbox.base import SandboxLimits
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class EvalResult:
-    """The verdict on one candidate (SPEC §1: anything invalid has reward 0)."""
+    """The verdict on one candidate; invalid means reward 0, enforced here and nowhere else."""
 
     reward: float
     valid: bool
     reason: str = ""  # empty when valid; otherwise why the candidate was rejected
-    construction: Any = None  # plain JSON-able data: the child state's construction, if any
-    metrics: dict[str, Any] = field(default_factory=dict)  # JSON data: {"bound": 0.3809}; per-case lists for AHC
-    logs: str = ""  # tail of the candidate's stdout/stderr
+    construction: Any = field(default=None, metadata={"json": True})  # plain JSON-able data: the child state's construction, if any
+    metrics: dict[str, Any] = field(default_factory=dict, metadata={"json": True})  # JSON data: {"bound": 0.3809}; per-case lists for AHC
+    observation: str = field(default="", metadata={"formerly": ("logs",)})  # tail of the candidate's output, shown to the model
+    seconds: float = 0.0  # wall time of the evaluation, set by whoever ran it
+
+    def __post_init__(self) -> None:
+        # docs/method.md §1: a state that fails any check has reward 0 and never enters the archive
+        object.__setattr__(self, "valid", bool(self.valid))
+        object.__setattr__(self, "reward", float(self.reward) if self.valid else 0.0)
 
     @staticmethod
-    def invalid(reason: str, logs: str = "") -> "EvalResult":
-        return EvalResult(reward=0.0, valid=False, reason=reason, logs=logs)
+    def invalid(reason: str, observation: str = "") -> "EvalResult":
+        return EvalResult(reward=0.0, valid=False, reason=reason, observation=observation)
+
+    def verdict(self) -> "EvalResult":
+        """The result fields alone (a subclass record, such as a step's Evaluation, without its own)."""
+        return EvalResult(**{f.name: getattr(self, f.name) for f in dataclasses.fields(EvalResult)})
+
+
+@dataclass(frozen=True)
+class ReportSection:
+    """What a problem adds to the run report (docs/architecture.md, "Problem hooks"): a title, a
+    paragraph, and optionally a table; rendered as Markdown by the report and shown as a table
+    artifact in Prefect's UI."""
+
+    title: str
+    text: str = ""
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    columns: tuple[str, ...] = ()  # the table's columns in order; () for the first row's keys
+
+
+class ArchivedState(Protocol):
+    """What a problem may read of a state of the archive (discover/records.py `State` has these)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def reward(self) -> float: ...
+    @property
+    def step(self) -> int: ...
+    @property
+    def is_seed(self) -> bool: ...
+    @property
+    def code(self) -> str: ...
+    @property
+    def construction(self) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -99,9 +142,22 @@ class Problem(Protocol):
         """The same problem with some `SandboxLimits` fields replaced (None values are ignored)."""
         ...
 
-    def report_section(self, states: list[dict[str, Any]]) -> list[str]:
-        """Markdown lines the run report adds for this problem, given the newest archive's states
-        (dicts with id, reward, step, is_seed, code, construction), best first; [] for none."""
+    def preflight(self, sandbox_backend: str) -> list[str]:
+        """What keeps this problem from running here with `sandbox_backend` ('auto', 'process' or
+        'docker'), one sentence each naming the fix; [] when nothing does. Called once before a
+        run directory is created (discover/preflight.py), so nothing is written for a run that
+        cannot work: files named in the problem's options, compilers, data."""
+        ...
+
+    def report_sections(self, states: Sequence[ArchivedState]) -> list[ReportSection]:
+        """What the run report adds for this problem, given the newest archive's states, best
+        first; [] for nothing."""
+        ...
+
+    def summary_metrics(self, result: EvalResult) -> dict[str, float]:
+        """The few numbers that summarise one verdict (Erdős: its bound; AtCoder: cases passed),
+        by short name: `discover evaluate` prints them and each step's metrics record averages them
+        over the step's valid candidates as `problem/<name>`."""
         ...
 
 
@@ -116,7 +172,7 @@ class BaseProblem:
     limits = SandboxLimits()
     target: float | None = None
     can_plot = False
-    code_language = "python"  # how `archive_key` strips comments from a program ("python" or "c")
+    code_language = "python"  # the fence of `render_state` and the comment syntax `archive_key` strips: "python", or "c"/"cpp" for C-like
 
     def render_state(self, code: str, construction: Any) -> str:
         return f"Code:\n```{self.code_language}\n{code.strip()}\n```" if code.strip() else "No code yet."
@@ -132,8 +188,14 @@ class BaseProblem:
     def plot(self, construction: Any, path: str) -> EvalResult:
         raise NotImplementedError(f"problem {self.name!r} has no plot")
 
-    def report_section(self, states: list[dict[str, Any]]) -> list[str]:
+    def preflight(self, sandbox_backend: str) -> list[str]:
         return []
+
+    def report_sections(self, states: Sequence[ArchivedState]) -> list[ReportSection]:
+        return []
+
+    def summary_metrics(self, result: EvalResult) -> dict[str, float]:
+        return {}
 
     def with_limits(self, **overrides: Any):
         changes = {k: v for k, v in overrides.items() if v is not None}

@@ -60,7 +60,7 @@ def _evaluate(problem: DenoisingProblem, code: str, box) -> object:
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_the_magic_seed_is_valid_beats_no_denoising_and_is_rewarded_one_over_its_mse(problem, boxes, backend) -> None:
     verdict = _evaluate(problem, program("magic"), boxes(backend))
-    assert verdict.valid, verdict.reason + verdict.logs[-2000:]
+    assert verdict.valid, verdict.reason + verdict.observation[-2000:]
     m = verdict.metrics
     assert verdict.reward == pytest.approx(1.0 / m["mse"], rel=1e-15)
     assert 0.97 <= m["poisson_normalized"] <= 1.0
@@ -91,14 +91,14 @@ def test_each_invalid_output_gets_reward_0_with_its_reason(problem, boxes, backe
     p = problem.with_limits(timeout_s=5.0) if case == "too slow" else problem
     verdict = _evaluate(p, code, boxes(backend))
     assert not verdict.valid and verdict.reward == 0.0
-    assert reason in verdict.reason, (verdict.reason, verdict.logs[-1000:])
+    assert reason in verdict.reason, (verdict.reason, verdict.observation[-1000:])
 
 
 def test_a_traceback_names_the_candidates_own_lines(problem, boxes) -> None:
     verdict = _evaluate(problem, "import numpy as np\n\ndef magic_denoise(X, **kw):\n    return X @ np.ones(3)\n", boxes("process"))
     assert "matmul" in verdict.reason
-    assert 'File "magic_denoise.py", line 4, in magic_denoise' in verdict.logs
-    assert "return X @ np.ones(3)" in verdict.logs and "driver" not in verdict.logs
+    assert 'File "magic_denoise.py", line 4, in magic_denoise' in verdict.observation
+    assert "return X @ np.ones(3)" in verdict.observation and "driver" not in verdict.observation
 
 
 def test_the_process_backend_warns_that_it_does_not_isolate_the_dataset(problem) -> None:
@@ -201,7 +201,7 @@ def test_a_candidate_hunting_for_the_held_out_counts_gets_nothing_it_can_use(pro
     # and the README says so): that route is tried only in the container, where no copy is left.
     code = HOSTILE.format(try_scanpy=backend == "docker")
     verdict = _evaluate(problem.with_limits(timeout_s=300.0), code, boxes(backend))
-    routes = _routes(verdict.logs)
+    routes = _routes(verdict.observation)
     split = problem.prepared().split
 
     # arguments: only the seed, and X is the train half

@@ -126,10 +126,10 @@ class _FakeSandbox:
 def test_evaluate_passes_the_parent_and_limits_and_keeps_logs(problem):
     sandbox = _FakeSandbox(SandboxResult(ok=True, output=[0.5] * 8, logs="hello"))
     result = problem.evaluate("code", ParentView(code="", construction=[0.4] * 8), sandbox)
-    assert result.valid and result.logs == "hello"
+    assert result.valid and result.observation == "hello"
     assert sandbox.calls == [("code", "construct", [0.4] * 8, problem.limits)]
     failed = problem.evaluate("code", None, _FakeSandbox(SandboxResult(ok=False, reason="timeout after 1 s", logs="x")))
-    assert failed == EvalResult.invalid("timeout after 1 s", logs="x")
+    assert failed == EvalResult.invalid("timeout after 1 s", observation="x")
 
 
 def test_end_to_end_in_the_process_sandbox(problem):
@@ -147,5 +147,5 @@ def test_end_to_end_in_the_process_sandbox(problem):
     assert not nan.valid and nan.reward == 0.0 and "NaN" in nan.reason
 
     crash = problem.evaluate("def construct(parent):\n    print('trying')\n    1 / 0\n", None, sandbox)
-    assert not crash.valid and "ZeroDivisionError" in crash.reason and "trying" in crash.logs
+    assert not crash.valid and "ZeroDivisionError" in crash.reason and "trying" in crash.observation
     assert math.isfinite(good.reward)

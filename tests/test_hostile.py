@@ -94,7 +94,7 @@ def test_network_access_fails(sandbox):
     result = _evaluate(sandbox, program)
     assert result.reward == pytest.approx(HONEST_REWARD)
     if sandbox.name == "docker":
-        assert "NET OPEN" not in result.logs and result.logs.count("NET CLOSED") == 3
+        assert "NET OPEN" not in result.observation and result.observation.count("NET CLOSED") == 3
 
 
 def test_host_files_and_environment_secrets_stay_hidden(sandbox, tmp_path, monkeypatch):
@@ -117,9 +117,9 @@ def test_host_files_and_environment_secrets_stay_hidden(sandbox, tmp_path, monke
         + RETURN_HONEST
     )
     result = _evaluate(sandbox, program)
-    assert "DISCOVER_TEST_SECRET" not in result.logs  # the environment is never inherited
+    assert "DISCOVER_TEST_SECRET" not in result.observation  # the environment is never inherited
     if _strict(sandbox):
-        assert secret not in result.logs
+        assert secret not in result.observation
 
 
 def test_writing_outside_the_scratch_space_fails(sandbox, tmp_path):
@@ -140,7 +140,7 @@ def test_writing_outside_the_scratch_space_fails(sandbox, tmp_path):
         assert result.reward == pytest.approx(HONEST_REWARD)
         if _strict(sandbox):
             assert not target.exists() and not repo_file.exists()
-            assert "WROTE" not in result.logs
+            assert "WROTE" not in result.observation
     finally:
         repo_file.unlink(missing_ok=True)
 
@@ -199,7 +199,7 @@ def test_infinite_loop_times_out(sandbox):
 def test_stdout_flood_is_capped(sandbox):
     program = "import sys\ndef construct(parent):\n    for _ in range(200000):\n        sys.stdout.write('x' * 1000)\n" + RETURN_HONEST
     result = _evaluate(sandbox, program)
-    assert len(result.logs) <= PROBLEM.limits.max_output_bytes
+    assert len(result.observation) <= PROBLEM.limits.max_output_bytes
 
 
 def test_sleeping_past_the_limit_is_killed(sandbox):

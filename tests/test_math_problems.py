@@ -133,7 +133,7 @@ def test_ac_candidates_run_in_the_sandbox_and_return_plain_data(sandbox: Process
 
     cheat = "def construct(parent):\n    print('bound 0.1, reward 99')\n    return [0.0] * 10 + [1e-9]\n"
     result = get_problem("ac2", timeout_s=30.0).evaluate(cheat, None, sandbox)
-    assert not result.valid and "sum" in result.reason and "reward 99" in result.logs
+    assert not result.valid and "sum" in result.reason and "reward 99" in result.observation
 
 
 @pytest.mark.parametrize("problem", ["ac1", "ac2"])
@@ -146,7 +146,7 @@ def test_ac_starter_programs_improve_on_a_random_seed(sandbox: ProcessSandbox, p
     after = p.evaluate(seed.code, ParentView(code=seed.code, construction=seed.construction), sandbox)
     assert after.valid, after.reason
     assert after.reward > before.reward * 1.05
-    assert "pieces, bound" in after.logs
+    assert "pieces, bound" in after.observation
 
 
 def test_circle_candidates_run_in_the_sandbox(sandbox: ProcessSandbox) -> None:

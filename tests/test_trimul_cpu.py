@@ -47,7 +47,7 @@ def runtime_verdicts() -> dict[str, EvalResult]:
 @pytest.mark.parametrize("name", ["initial", "correct_torch"])
 def test_a_correct_triton_kernel_passes_the_check_under_the_interpreter(verdicts, name) -> None:
     v = verdicts[name]
-    assert v.reason.startswith("correct on the CPU check (4 calls under Triton's interpreter)"), v.reason + v.logs[-2000:]
+    assert v.reason.startswith("correct on the CPU check (4 calls under Triton's interpreter)"), v.reason + v.observation[-2000:]
     assert NO_GPU in v.reason and not v.valid and v.reward == 0.0  # not timed: no GPU here
 
 
@@ -57,7 +57,7 @@ def test_a_correct_triton_kernel_passes_the_check_under_the_interpreter(verdicts
 def test_each_hostile_kernel_is_rejected_at_run_time_with_its_reason(verdicts, name) -> None:
     v = verdicts[name]
     assert not v.valid and v.reward == 0.0
-    assert HOSTILE[name][1] in v.reason, v.reason + "\n" + v.logs[-2000:]
+    assert HOSTILE[name][1] in v.reason, v.reason + "\n" + v.observation[-2000:]
     assert "correct on the CPU check" not in v.reason
 
 
@@ -78,12 +78,12 @@ def test_hostile_kernels_are_rejected_before_they_run(verdicts, name, phrase) ->
 @pytest.mark.parametrize("name", ["patches_the_clock", "patches_the_reference", "starts_a_thread", "returns_a_lazy_tensor"])
 def test_the_run_time_rules_catch_them_too(runtime_verdicts, name) -> None:
     v = runtime_verdicts[name]
-    assert not v.valid and HOSTILE[name][1] in v.reason, v.reason + "\n" + v.logs[-2000:]
+    assert not v.valid and HOSTILE[name][1] in v.reason, v.reason + "\n" + v.observation[-2000:]
 
 
 def test_a_kernel_in_the_style_of_the_published_ones_passes_the_check() -> None:
     v = PROBLEM.run_checks(PUBLISHED_STYLE, ProcessSandbox())
-    assert v.reason.startswith("correct on the CPU check"), v.reason + v.logs[-2000:]
+    assert v.reason.startswith("correct on the CPU check"), v.reason + v.observation[-2000:]
 
 
 def test_without_a_gpu_auto_uses_the_cpu_check_and_cuda_says_so_in_one_line() -> None:

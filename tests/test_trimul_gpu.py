@@ -54,10 +54,10 @@ def _table(name: str, result) -> None:
 
 def test_the_reference_and_the_initial_kernel_are_timed(problem, box) -> None:
     initial = problem.evaluate(INITIAL_KERNEL, None, box)
-    assert initial.valid and initial.reward > 0, initial.reason + initial.logs[-3000:]
+    assert initial.valid and initial.reward > 0, initial.reason + initial.observation[-3000:]
     _table("initial kernel", initial)
     reference = problem.run_checks(REFERENCE_AS_KERNEL, box, static_rules=False)
-    assert reference.valid, reference.reason + reference.logs[-3000:]
+    assert reference.valid, reference.reason + reference.observation[-3000:]
     _table("reference (PyTorch, float32, TF32 off)", reference)
 
 

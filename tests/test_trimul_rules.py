@@ -175,7 +175,7 @@ def test_the_verdict_scores_1500_over_the_geometric_mean_and_rejects_what_cannot
     job, report = _report([1.3711] * 7)  # 1371.1 µs on every shape
     ok = verdict.timed_verdict(job, report, {"checked": len(report["calls"]), "gpu": "NVIDIA H100 80GB HBM3"}, "")
     assert ok.valid and ok.reward == pytest.approx(1500 / 1371.1) and ok.metrics["geomean_us"] == pytest.approx(1371.1)
-    assert ok.construction["gpu"] == "NVIDIA H100 80GB HBM3" and "geometric mean 1371.1" in ok.logs
+    assert ok.construction["gpu"] == "NVIDIA H100 80GB HBM3" and "geometric mean 1371.1" in ok.observation
     fast = verdict.timed_verdict(*_report([0.001] * 7), {"checked": 36, "gpu": "NVIDIA H100 80GB HBM3"}, "")
     assert not fast.valid and "faster than the hardware" in fast.reason
     repeat = verdict.timed_verdict(*_report([1.0] * 7, seeds_repeat=True), {"checked": 36, "gpu": "H100"}, "")
@@ -297,7 +297,7 @@ def test_a_kernel_is_timed_only_after_every_test_shape_passed_on_its_leased_gpu(
     assert v.valid and v.reward == pytest.approx(1500 / 1371.1)
     assert [r[:2] for r in good.runs] == [("driver", "tests"), ("checker", "tests"), ("driver", "benchmarks"), ("checker", "benchmarks")]
     assert {r[2] for r in good.runs} == {"3"}  # every run on the one leased GPU
-    assert "us B1 N1024 C384 normal" in v.metrics and v.logs.startswith("driver log")
+    assert "us B1 N1024 C384 normal" in v.metrics and v.observation.startswith("driver log")
 
 
 def test_the_gpu_image_runs_the_torch_and_triton_the_project_locks() -> None:

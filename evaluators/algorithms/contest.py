@@ -117,7 +117,7 @@ class AtCoderProblem(BaseProblem):
     def verify(self, construction: Any) -> EvalResult:
         """Only the empty state (no program: reward 0) is data; a program must run to be scored."""
         if construction is None:
-            return EvalResult(reward=0.0, valid=True, logs="no program yet")
+            return EvalResult(reward=0.0, valid=True, observation="no program yet")
         return EvalResult.invalid(
             f"{self.name} states are C++ programs and their results cannot be checked from data; "
             f"score one with `discover evaluate {self.name} PROGRAM.cpp`"
@@ -191,7 +191,7 @@ class AtCoderProblem(BaseProblem):
             log.debug("%s %s: %s", self.name, tag, why)
             return EvalResult.invalid(
                 f"{why}:\n{_tail(run.compile_log, 1500)}" if run.compile_log else why,
-                logs=_tail(run.compile_log, 2000),
+                observation=_tail(run.compile_log, 2000),
             )
         return self._verdict(run, rows, stderr_tails, time.monotonic() - start)
 
@@ -232,8 +232,8 @@ class AtCoderProblem(BaseProblem):
         logs = (f"stderr of case {shown} (tail):\n{_tail(stderr, 800)}\n" if stderr else "") + summary
         log.debug("%s: %s", self.name, summary.replace("\n", "; "))
         if reason:
-            return EvalResult(reward=0.0, valid=False, reason=reason, construction=construction, metrics=metrics, logs=logs)
-        return EvalResult(reward=mean / self.scale, valid=True, construction=construction, metrics=metrics, logs=logs)
+            return EvalResult(reward=0.0, valid=False, reason=reason, construction=construction, metrics=metrics, observation=logs)
+        return EvalResult(reward=mean / self.scale, valid=True, construction=construction, metrics=metrics, observation=logs)
 
 
 def _row(run: CaseRun, judgement: Judgement | None) -> dict[str, Any]:

@@ -93,8 +93,8 @@ class MathProblem(BaseProblem):
         argument = parent.construction if parent is not None else None
         run = sandbox.run(candidate, ENTRY_POINT, argument, self.limits)
         if not run.ok:
-            return EvalResult.invalid(run.reason, logs=run.logs)
-        return dataclasses.replace(self.verify(run.output), logs=run.logs)
+            return EvalResult.invalid(run.reason, observation=run.logs)
+        return dataclasses.replace(self.verify(run.output), observation=run.logs)
 
     def render_state(self, code: str, construction: Any) -> str:
         parts = []

@@ -163,13 +163,13 @@ class DenoisingProblem(BaseProblem):
         run = sandbox.run(DRIVER, DRIVER_ENTRY, job, self._run_limits(prepared.split), data_dir=prepared.data_dir)
         logs = run.logs[-self.limits.max_output_bytes :]
         if not run.ok:
-            return EvalResult.invalid(run.reason, logs=logs)
+            return EvalResult.invalid(run.reason, observation=logs)
         denoised, reason = decode_output(run.output)
         if denoised is None:
-            return EvalResult.invalid(reason, logs=logs)
+            return EvalResult.invalid(reason, observation=logs)
         verdict = judge(prepared.split, prepared.baselines, denoised)
         construction = dict(verdict.metrics) if verdict.valid else None
-        return dataclasses.replace(verdict, construction=construction, logs=logs)
+        return dataclasses.replace(verdict, construction=construction, observation=logs)
 
     def score_output(self, denoised: Any) -> EvalResult:
         """The verdict on a denoised matrix computed elsewhere (trusted code, e.g. the benchmarks)."""

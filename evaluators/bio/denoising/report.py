@@ -54,7 +54,7 @@ def baseline_rows(split: Split, baselines: Baselines) -> list[dict[str, Any]]:
 
 def report_lines(problem: Any, states: list[dict[str, Any]]) -> list[str]:
     """Markdown: the best state and the seed against the baselines of the run's split."""
-    from discover.report import markdown_table
+    from evaluators.markdown import markdown_table
 
     prepared = problem.prepared()
     scored = [s for s in states if isinstance(s.get("construction"), dict) and "mse" in s["construction"]]

@@ -187,7 +187,7 @@ class TriMulProblem(BaseProblem):
         calls = len(report["calls"])
         return EvalResult(
             reward=0.0, valid=False, reason=f"correct on the CPU check ({calls} calls under Triton's interpreter), but {NO_GPU}",
-            metrics={"cpu_check_calls": float(calls)}, logs=report["logs"],
+            metrics={"cpu_check_calls": float(calls)}, observation=report["logs"],
         )
 
     def _phase(
@@ -196,7 +196,7 @@ class TriMulProblem(BaseProblem):
         """One driver run and the checker's judgement of it: (report, checked, None) or a rejection."""
         report, why, logs = self._run(sandbox, self.driver_program, job, limits or self.limits, device)
         if report is None:
-            return None, None, EvalResult.invalid(why, logs=logs)
+            return None, None, EvalResult.invalid(why, observation=logs)
         why = verdict.report_problem(job, report)
         if not why:
             checked, why = self._judge_samples(job, report, sandbox, device)
@@ -204,7 +204,7 @@ class TriMulProblem(BaseProblem):
             if not why and checked.get("checked") != len(report["calls"]):
                 why = f"the checker judged {checked.get('checked')} of {len(report['calls'])} calls"
         if why:
-            return None, None, EvalResult.invalid(why, logs=logs)
+            return None, None, EvalResult.invalid(why, observation=logs)
         report["logs"] = logs
         return report, checked, None
 

@@ -92,16 +92,16 @@ def timed_verdict(job: dict, report: dict, checked: dict, logs: str) -> EvalResu
     """The verdict of a GPU evaluation whose driver and checker both ran."""
     why = report_problem(job, report)
     if why:
-        return EvalResult.invalid(why, logs=logs)
+        return EvalResult.invalid(why, observation=logs)
     if checked.get("error") or checked.get("failure"):
-        return EvalResult.invalid(checked.get("error") or checked["failure"], logs=logs)
+        return EvalResult.invalid(checked.get("error") or checked["failure"], observation=logs)
     if checked.get("checked") != len(report["calls"]):
-        return EvalResult.invalid(f"the checker judged {checked.get('checked')} of {len(report['calls'])} calls", logs=logs)
+        return EvalResult.invalid(f"the checker judged {checked.get('checked')} of {len(report['calls'])} calls", observation=logs)
     gpu = str(checked.get("gpu") or (report.get("gpu") or {}).get("name") or "")
     means = runtimes_us(job, report)
     why = below_floor(job, means, gpu)
     if why:
-        return EvalResult.invalid(why, logs=logs)
+        return EvalResult.invalid(why, observation=logs)
     geomean = geometric_mean(means)
     spreads = spread_us(job, report)
     lines = [f"{gpu}, torch {report['versions']['torch']}, triton {report['versions']['triton']}: geometric mean {geomean:.1f} µs"]
@@ -114,4 +114,4 @@ def timed_verdict(job: dict, report: dict, checked: dict, logs: str) -> EvalResu
     metrics = {"geomean_us": geomean, **{f"us {label(s)}": m for s, m in zip(job["benchmarks"], means)}}
     summary = "\n".join(lines)
     return EvalResult(reward=reward_for(geomean), valid=True, construction=construction, metrics=metrics,
-                      logs=(logs + "\n" if logs else "") + summary)
+                      observation=(logs + "\n" if logs else "") + summary)
