@@ -10,59 +10,32 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Callable, Iterable, Protocol
 
-import pyarrow as pa
-
-
-@dataclass
-class State:
-    """One state s in the archive H; also the row of the archive's Parquet table (storage/tables.py)."""
-
-    id: str = dataclasses.field(metadata={"column": "state_id"})
-    parent_id: str | None
-    step: int = dataclasses.field(metadata={"arrow": pa.int32()})  # training step that created it; -1 for seeds
-    reward: float
-    code: str
-    construction: Any = dataclasses.field(default=None, metadata={"json": True})  # JSON-able plain data
-    observation: str = ""  # tail of the program's output, shown to the model
-    lineage: tuple[str, ...] = ()  # ancestor ids, root first, parent last; () for seeds
-    is_seed: bool = False
-    best_child_reward: float | None = None  # m(s); None until s is expanded
-    visits: int = 0  # n(s)
-    key: str = ""  # the problem's archive_key: equal for duplicate states; "" when unknown
-    parent_reward: float | None = None  # R(parent) when s was inserted, shown as "before -> after"; None for seeds
+from discover.records import Evaluation, State
 
 
-@dataclass
-class Child:
-    """One evaluated rollout's result, as `update_archive` receives it."""
+class ArchiveRules(Protocol):
+    """How children enter the archive (docs/method.md §3 and §5a): the `reuse` section of the run's
+    configuration (discover/config.py `ReuseConfig`, which documents each default) is passed as it is."""
 
-    id: str
-    parent_id: str
-    step: int
-    reward: float
-    valid: bool
-    code: str
-    construction: Any = None
-    observation: str = ""
-    key: str = ""  # the problem's archive_key (SPEC §5a, duplicates); "" matches nothing
-
-
-@dataclass(frozen=True)
-class ArchiveRules:
-    """How children enter the archive (SPEC §3 and §5a); docs/defaults.md gives each default's source."""
-
-    children_per_parent: int = 2  # top children of a parent kept (Appendix A.2)
-    max_size: int = 1000  # archive cap by reward, seeds always kept (Appendix A.2)
-    children_scope: str = "archive"  # "archive": a parent keeps its best children over the whole archive; "step": per step
-    invalid_children: str = "ignore"  # "ignore": invalid children leave m(p) alone; "zero": they count as reward 0
-    deduplicate: bool = True  # a valid child equal (same key) to a state already in the archive is not inserted
+    @property
+    def children_per_parent(self) -> int: ...  # top children of a parent kept (Appendix A.2)
+    @property
+    def archive_size(self) -> int: ...  # archive cap by reward, seeds always kept (Appendix A.2)
+    @property
+    def children_scope(self) -> str: ...  # one of CHILDREN_SCOPES
+    @property
+    def invalid_children(self) -> str: ...  # one of INVALID_CHILDREN
+    @property
+    def deduplicate(self) -> bool: ...  # a valid child equal (same key) to a state already in the archive is not inserted
 
 
+# "archive": a parent keeps its best children over the whole archive (released code); "step": per step
 CHILDREN_SCOPES = ("archive", "step")
+# "ignore": invalid children leave m(p) alone (released code); "zero": they count as reward 0
 INVALID_CHILDREN = ("ignore", "zero")
+KeyOf = Callable[[Evaluation], str]  # the problem's archive_key of a child
 
 
 class Archive:
@@ -112,7 +85,7 @@ class Archive:
         """Ids in the archive whose lineage contains `id` (works across evicted intermediates)."""
         return {s.id for s in self.states.values() if id in s.lineage}
 
-    def record_expansions(self, parent_ids: list[str], children: list[Child], invalid_children: str = "ignore") -> None:
+    def record_expansions(self, parent_ids: list[str], children: list[Evaluation], invalid_children: str = "ignore") -> None:
         """Apply the m, n, T updates, one expansion per entry of `parent_ids`, in order.
 
         Children are grouped by parent_id. With invalid_children "ignore" (the released code, SPEC
@@ -127,7 +100,7 @@ class Archive:
         for ch in children:
             if not ch.valid and invalid_children == "ignore":
                 continue  # SPEC §5a: invalid children do not change m(p)
-            r = float(ch.reward) if ch.valid else 0.0  # SPEC §3 (option "zero"): invalid children count as 0
+            r = ch.reward  # SPEC §3 (option "zero"): invalid children count as 0, their reward
             prev = best_by_parent.get(ch.parent_id)
             best_by_parent[ch.parent_id] = r if prev is None else max(prev, r)
         for pid in parent_ids:
@@ -140,50 +113,45 @@ class Archive:
                 self.states[a].visits += 1  # SPEC §3: n(a) += 1 for p and its ancestors in H
             self.total_expansions += 1  # SPEC §3: T += 1
 
-    def insert_children(self, children: list[Child], per_parent: int = 2, deduplicate: bool = False) -> list[str]:
+    def insert_children(
+        self, children: list[Evaluation], step: int, key_of: KeyOf, per_parent: int = 2, deduplicate: bool = False
+    ) -> list[str]:
         """Insert the top `per_parent` valid children of each parent; return their ids.
 
         Order: parents in order of first appearance in `children`, then reward descending, ties by
         child id (SPEC §3). lineage = parent's lineage + (parent_id,). If the parent is no longer
         in the archive (evicted meanwhile), its lineage is unknown and the child gets
-        lineage (parent_id,) alone. With `deduplicate`, a child whose key equals the key of a state
-        already in the archive (or of a child inserted before it) is skipped before the top
-        `per_parent` are taken (SPEC §5a); an empty key matches nothing.
+        lineage (parent_id,) alone. `key_of` gives each valid child's key (the problem's
+        archive_key); with `deduplicate`, a child whose key equals the key of a state already in the
+        archive (or of a child inserted before it) is skipped before the top `per_parent` are taken
+        (SPEC §5a); an empty key matches nothing.
         """
-        groups: dict[str, list[Child]] = {}
+        groups: dict[str, list[Evaluation]] = {}
+        keys: dict[str, str] = {}
         for ch in children:
             if ch.valid:
                 groups.setdefault(ch.parent_id, []).append(ch)
+                keys[ch.child_id] = key_of(ch)
         seen = {s.key for s in self.states.values() if s.key} if deduplicate else set()
         inserted: list[str] = []
         for pid, group in groups.items():
-            group.sort(key=lambda c: (-float(c.reward), c.id))  # SPEC §3: top-2 by reward, ties by id
+            group.sort(key=lambda c: (-c.reward, c.child_id))  # SPEC §3: top-2 by reward, ties by id
             if deduplicate:
                 distinct = []
                 for ch in group:
-                    if ch.key and ch.key in seen:
+                    if keys[ch.child_id] and keys[ch.child_id] in seen:
                         continue  # SPEC §5a: a duplicate of a state in the archive is not inserted
-                    seen.add(ch.key)
+                    seen.add(keys[ch.child_id])
                     distinct.append(ch)
                 group = distinct
             parent = self.states.get(pid)
             lineage = (*parent.lineage, pid) if parent is not None else (pid,)
             for ch in group[:per_parent]:
-                if ch.id in self.states:
-                    raise ValueError(f"duplicate state id {ch.id!r}")
-                self.states[ch.id] = State(
-                    id=ch.id,
-                    parent_id=pid,
-                    step=ch.step,
-                    reward=float(ch.reward),
-                    code=ch.code,
-                    construction=ch.construction,
-                    observation=ch.observation,
-                    lineage=lineage,
-                    key=ch.key,
-                    parent_reward=parent.reward if parent is not None else None,
-                )
-                inserted.append(ch.id)
+                if ch.child_id in self.states:
+                    raise ValueError(f"duplicate state id {ch.child_id!r}")
+                parent_reward = parent.reward if parent is not None else None
+                self.states[ch.child_id] = State.child(ch, step, lineage, keys[ch.child_id], parent_reward)
+                inserted.append(ch.child_id)
         return inserted
 
     def trim_children(self, parent_ids: Iterable[str], per_parent: int = 2) -> list[str]:
@@ -245,11 +213,13 @@ class Archive:
 
 def update_archive(
     archive: Archive,
+    step: int,
     parent_ids: list[str],
-    children: list[Child],
-    rules: ArchiveRules = ArchiveRules(),
+    children: list[Evaluation],
+    key_of: KeyOf,
+    rules: ArchiveRules,
 ) -> Archive:
-    """A new archive after one step: record_expansions, insert_children, trim_children (scope
+    """A new archive after `step`: record_expansions, insert_children, trim_children (scope
     "archive"), enforce_cap.
 
     The input archive is left untouched (the result is a deep copy).
@@ -258,8 +228,8 @@ def update_archive(
         raise ValueError(f"children_scope must be one of {CHILDREN_SCOPES}, got {rules.children_scope!r}")
     new = copy.deepcopy(archive)
     new.record_expansions(parent_ids, children, rules.invalid_children)
-    new.insert_children(children, per_parent=rules.children_per_parent, deduplicate=rules.deduplicate)
+    new.insert_children(children, step, key_of, per_parent=rules.children_per_parent, deduplicate=rules.deduplicate)
     if rules.children_scope == "archive":
         new.trim_children([ch.parent_id for ch in children if ch.valid], rules.children_per_parent)
-    new.enforce_cap(rules.max_size)
+    new.enforce_cap(rules.archive_size)
     return new

@@ -11,12 +11,41 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema, field_validator, model_validator
+from typing_extensions import Annotated
 
-ReuseRule = Literal["puct", "epsilon-greedy", "none", "chains"]
-Objective = Literal["entropic-adaptive", "entropic-constant", "expected", "none"]
-SandboxBackend = Literal["auto", "process", "docker"]
-EvaluationRunner = Literal["local", "dask", "ray"]
+from discover.archive import CHILDREN_SCOPES, INVALID_CHILDREN
+from discover.objectives import OBJECTIVES
+from discover.reuse import REUSE_RULES
+from evaluators.sandbox import BACKENDS as SANDBOX_BACKENDS
+
+# Where candidates are evaluated; flows/engines.py starts each (this section owns the names).
+EVALUATION_RUNNERS = ("local", "dask", "ray")
+
+
+def _alternatives(names: tuple[str, ...]) -> str:
+    quoted = [repr(n) for n in names]
+    return quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} or {quoted[-1]}"
+
+
+def one_of(names: tuple[str, ...]) -> Any:
+    """A string field whose allowed values are a registry's names, owned by the module that
+    implements them (the reuse rules by discover/reuse.py, ...), with pydantic's Literal message."""
+
+    def check(value: str) -> str:
+        if value not in names:
+            raise ValueError(f"Input should be {_alternatives(names)}")
+        return value
+
+    return Annotated[str, AfterValidator(check), WithJsonSchema({"type": "string", "enum": list(names)})]
+
+
+ReuseRule = one_of(REUSE_RULES)
+Objective = one_of(OBJECTIVES)
+SandboxBackend = one_of(SANDBOX_BACKENDS)
+EvaluationRunner = one_of(EVALUATION_RUNNERS)
+ChildrenScope = one_of(CHILDREN_SCOPES)
+InvalidChildren = one_of(INVALID_CHILDREN)
 
 EMBEDDED_MODEL = "tiny"  # the tiny model the project builds offline (discover/policy/tiny_model.py)
 EMBEDDED_MODELS = (EMBEDDED_MODEL, "tiny-qwen3")  # and a Qwen3-architecture one (discover/policy/qwen3_model.py)
@@ -96,8 +125,8 @@ class ReuseConfig(_Section):
     puct_c: float = Field(1.0, ge=0, description="PUCT exploration coefficient c (Table 9: 1.0)")
     epsilon: float = Field(0.1, ge=0, le=1, description="epsilon of epsilon-greedy reuse")
     children_per_parent: int = Field(2, ge=1, description="top children of a parent kept in the archive")
-    children_scope: Literal["archive", "step"] = Field("archive", description="'archive': a parent keeps its best children across all steps (released code); 'step': per step")
-    invalid_children: Literal["ignore", "zero"] = Field("ignore", description="'ignore': invalid children leave m(p), so Q, alone (released code); 'zero': they count as reward 0")
+    children_scope: ChildrenScope = Field("archive", description="'archive': a parent keeps its best children across all steps (released code); 'step': per step")
+    invalid_children: InvalidChildren = Field("ignore", description="'ignore': invalid children leave m(p), so Q, alone (released code); 'zero': they count as reward 0")
     deduplicate: bool = Field(True, description="skip a child equal to a state already in the archive (released code)")
     archive_size: int = Field(1000, ge=1, description="archive cap by reward; seeds always kept")
     seed_states: int | None = Field(None, ge=1, description="how many initial states the problem draws; null: one per group (released code)")

@@ -7,8 +7,8 @@ and scores the candidate in the problem's sandbox on that worker. Nothing here k
 the caller gives `submit(job) -> future` (a thread pool by default; flows/ gives Prefect's task
 runner on Dask or Ray).
 
-One result per candidate (DESIGN.md, "Retry, cache, resume"): its key is the run id, the step, the
-candidate's content hash and the evaluator's source. A result is stored (storage/candidates.py) as
+One result per candidate (docs/architecture.md, "Retry, cache, resume"): its key is the run id, the
+step, the candidate's content hash and the source of its evaluator and sandbox. A result is stored (storage/candidates.py) as
 soon as it comes back, so a step killed in the middle of its evaluation resumes with only the
 unfinished candidates, and a program seen twice in a step is evaluated once. Rollouts can be added
 while they are being generated (`add`), which is how generation and evaluation overlap.
@@ -16,6 +16,7 @@ while they are being generated (`add`), which is how generation and evaluation o
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import inspect
 import json
@@ -32,6 +33,7 @@ from typing import Any, Callable, Iterator
 from discover.records import Evaluation, Rollout, child_id
 from discover.run import Run, load_archive, make_problem
 from evaluators.base import EvalResult, ParentView, Problem
+from evaluators.sandbox import sandbox_for
 from storage.candidates import CandidateStore
 
 log = logging.getLogger("discover")
@@ -67,8 +69,9 @@ class CandidateJob:
 
 
 def evaluator_source(problem: Problem) -> str:
-    """A hash of the problem's evaluator: every module of its domain folder and of its base classes."""
-    files: set[Path] = set()
+    """A hash of what scores a candidate of `problem`: every module of its domain folder and of its
+    base classes, the sandbox backends that run it (evaluators/sandbox/) and this module."""
+    files: set[Path] = {Path(__file__)}
     for cls in type(problem).__mro__:
         module = inspect.getmodule(cls)
         if module is None or not module.__name__.startswith("evaluators."):
@@ -77,9 +80,12 @@ def evaluator_source(problem: Problem) -> str:
         files.add(path)
         if module.__name__.count(".") >= 2:  # evaluators/<domain>/<module>.py: the whole domain
             files.update(path.parent.glob("*.py"))
-    h = hashlib.sha256(inspect.getsource(run_job).encode())
+    sandbox = Path(inspect.getfile(sandbox_for)).parent
+    files.update(sandbox.glob("*.py"))
+    files.update((sandbox.parent / name) for name in ("base.py", "parsing.py"))
+    h = hashlib.sha256()
     for path in sorted(files):
-        h.update(path.name.encode() + b"\0" + path.read_bytes())
+        h.update(str(path.relative_to(sandbox.parent.parent)).encode() + b"\0" + path.read_bytes())
     return h.hexdigest()
 
 
@@ -98,28 +104,19 @@ def _problem(config_json: str) -> Problem:
     return make_problem(RunConfig.model_validate_json(config_json))
 
 
-def run_job(job: CandidateJob) -> dict[str, Any]:
-    """Score one candidate in its problem's sandbox on this machine; plain data back.
+def run_job(job: CandidateJob) -> EvalResult:
+    """Score one candidate in its problem's sandbox on this machine; its `EvalResult` back, with
+    the seconds it took.
 
     A candidate's own failure (a crash, a timeout, a wrong answer) is a result with reward 0; an
     exception here is the infrastructure's (no Docker engine, a lost container) and is retried.
     """
-    from evaluators.sandbox import sandbox_for
-
     config = json.loads(job.config_json)
     problem = _problem(job.config_json)
     sandbox = sandbox_for(problem, config["sandbox"]["backend"], config["sandbox"]["concurrency"])
     t0 = time.time()
     verdict = problem.evaluate(job.candidate, ParentView(job.parent_code, job.parent_construction), sandbox)
-    return {
-        "reward": float(verdict.reward),
-        "valid": bool(verdict.valid),
-        "reason": verdict.reason,
-        "construction": verdict.construction,
-        "metrics": dict(verdict.metrics),
-        "logs": verdict.observation,
-        "seconds": time.time() - t0,
-    }
+    return dataclasses.replace(verdict.verdict(), seconds=time.time() - t0)
 
 
 Submit = Callable[[CandidateJob], Any]  # returns a future: .result() and .add_done_callback(fn)
@@ -143,8 +140,8 @@ class StepEvaluation:
         self._config_json = run.config.model_dump_json()
         self._evaluator = evaluator_source(self.problem)
         self._resources = Resources.of(self.problem)
-        self.store = CandidateStore(run.layout.candidates(step))
-        self._results: dict[str, dict[str, Any]] = {}
+        self.store = CandidateStore(run.layout.candidates(step), EvalResult)
+        self._results: dict[str, EvalResult] = {}
         self._pending: dict[str, Any] = {}  # key -> future
         self._returned: queue.SimpleQueue[str] = queue.SimpleQueue()  # keys whose futures finished
         self._errors: dict[str, BaseException] = {}
@@ -189,13 +186,15 @@ class StepEvaluation:
             block = False
             future = self._pending.pop(key)
             try:
-                result = json.loads(json.dumps(future.result(), allow_nan=True))  # what the store holds
+                returned = future.result()
             except Exception as err:  # noqa: BLE001 - infrastructure, after the engine's retries
                 self._errors[key] = err
                 log.error("step %d: candidate %s failed to evaluate: %s", self.step, self._jobs[key].child_id, err)
                 continue
-            self.store.put(key, result)
-            self._results[key] = result
+            self.store.put(key, returned)
+            stored = self.store.get(key)  # what the store holds: the same whether stored now or before a resume
+            assert stored is not None
+            self._results[key] = stored
 
     def collect(self, rollouts: list[Rollout]) -> list[Evaluation]:
         """Every rollout's evaluation, in the rollouts' order, once all candidates have come back."""
@@ -224,7 +223,5 @@ class StepEvaluation:
     def _evaluation(self, rollout: Rollout) -> Evaluation:
         job = self.job(rollout)
         if job is None:
-            return Evaluation.of(rollout, self.step, EvalResult.invalid(NO_CANDIDATE), "", 0.0)
-        r = self._results[job.key]
-        result = EvalResult(reward=r["reward"], valid=r["valid"], reason=r["reason"], construction=r["construction"], metrics=r["metrics"], observation=r["logs"])
-        return Evaluation.of(rollout, self.step, result, job.candidate, r["seconds"])
+            return Evaluation.of(rollout, self.step, EvalResult.invalid(NO_CANDIDATE), "")
+        return Evaluation.of(rollout, self.step, self._results[job.key], job.candidate)

@@ -16,6 +16,7 @@ without a GPU every row says so, and nothing is run.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import re
 import socket
@@ -23,33 +24,17 @@ import time
 from pathlib import Path
 from typing import Any, Callable, ContextManager
 
-import pyarrow as pa
-
-from evaluators.markdown import markdown_table
-from discover.archive import State
+from discover.records import Reevaluation, State
 from discover.run import Run, load_archive, read_evaluations
 from evaluators.base import EvalResult, ParentView
+from evaluators.markdown import markdown_table
 from evaluators.sandbox import sandbox_for
 from evaluators.sandbox.gpus import local_gpus
 from storage.atomic import atomic_write_text
-from storage.tables import write_rows
+from storage.tables import write_records
 
 GPU_TYPE_ENV = "DISCOVER_GPU_TYPE"  # a GPU pool's declared type (prefect.yaml job variables)
 NO_GPU = "no GPU: this machine has no CUDA GPU (nvidia-smi lists none), so nothing was re-timed; run the re-evaluation on a GPU pool"
-REEVALUATION_SCHEMA = pa.schema(
-    [
-        ("state_id", pa.string()),
-        ("step", pa.int32()),
-        ("archived_reward", pa.float64()),
-        ("reward", pa.float64()),
-        ("valid", pa.bool_()),
-        ("reason", pa.string()),
-        ("seconds", pa.float64()),
-        ("pool", pa.string()),
-        ("host", pa.string()),
-        ("gpu", pa.string()),  # the GPU the candidate ran on; "" for a problem that needs none
-    ]
-)
 
 
 def gpu_type() -> str:
@@ -92,7 +77,7 @@ def reevaluate_states(
     k: int,
     pool: str,
     slot: Callable[[], ContextManager[Any]] = contextlib.nullcontext,
-) -> list[dict[str, Any]]:
+) -> list[Reevaluation]:
     """Re-score the k best states; `slot()` is held around each evaluation (a GPU slot, say)."""
     run = Run.open(run_dir)
     problem = run.problem()
@@ -113,53 +98,53 @@ def reevaluate_states(
         ran_on = ""  # a problem that needs no GPU
         if problem.needs_gpu:
             ran_on = "none" if no_gpu else str(result.construction.get("gpu", "")) if isinstance(result.construction, dict) else ""
+        numbers = {name: float(v) for name, v in result.metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        fields = {f.name: getattr(result, f.name) for f in dataclasses.fields(EvalResult)}
         rows.append(
-            {
-                "state_id": state.id,
-                "step": state.step,
-                "archived_reward": float(state.reward),
-                "reward": float(result.reward) if result.valid else 0.0,
-                "valid": bool(result.valid),
-                "reason": result.reason,
-                "seconds": time.time() - t0,
-                "pool": pool,
-                "host": host,
-                "gpu": ran_on,
-                **{name: float(value) for name, value in result.metrics.items()},
-            }
+            Reevaluation(
+                **{**fields, "metrics": numbers, "seconds": time.time() - t0},
+                state_id=state.id, step=state.step, archived_reward=float(state.reward), pool=pool, host=host, gpu=ran_on,
+            )
         )
     return rows
+
+
+# the columns of the Markdown view, before one column per metric
+_SHOWN = ("state_id", "step", "archived_reward", "reward", "valid", "reason", "seconds", "pool", "host", "gpu")
 
 
 def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-")
 
 
-def write_reevaluation(
-    run_dir: Path, rows: list[dict[str, Any]], pool: str, when: float | None = None, gpu: str | None = None
-) -> Path:
+def write_reevaluation(run_dir: Path, rows: list[Reevaluation], pool: str, when: float | None = None, gpu: str | None = None) -> Path:
     """Write RUN_DIR/reevaluations/<UTC timestamp>[-<GPU type>]-<pool>.parquet and its .md view.
 
     `gpu` (the GPU type, for problems that need one) goes into the name; each metric the rows carry
-    (a kernel's runtime per benchmark shape) becomes a column after the fixed ones.
+    (a kernel's runtime per benchmark shape) is a column of its own (storage/tables.py, "expand").
     """
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() if when is None else when))
     name = "-".join(part for part in (stamp, _safe(gpu) if gpu else "", _safe(pool) or "local") if part)
     out = Path(run_dir) / "reevaluations" / f"{name}.parquet"
-    metrics = sorted({k for r in rows for k in r} - set(REEVALUATION_SCHEMA.names))
-    schema = pa.schema(list(REEVALUATION_SCHEMA) + [(m, pa.float64()) for m in metrics])
-    write_rows(out, [{**{m: None for m in metrics}, **r} for r in rows], schema)
+    write_records(out, rows, Reevaluation)
     where = f"pool `{pool}`" + (f", GPU {gpu}" if gpu else "")
     header = f"# Re-evaluation of {len(rows)} best states on {where} ({stamp})\n\n"
-    if gpu == "no-GPU" or any(r.get("gpu") == "none" for r in rows):
+    if gpu == "no-GPU" or any(r.gpu == "none" for r in rows):
         header += f"**{NO_GPU}.**\n\n"
-    atomic_write_text(out.with_suffix(".md"), header + markdown_table(rows, schema.names))
+    metrics = sorted({k for r in rows for k in r.metrics})
+    atomic_write_text(out.with_suffix(".md"), header + markdown_table(table_rows(rows), [*_SHOWN, *metrics]))
     return out
+
+
+def table_rows(rows: list[Reevaluation]) -> list[dict[str, Any]]:
+    """The rows as a table shows them (the Markdown view, Prefect's artifact): the fixed columns,
+    then one per metric."""
+    return [{**{c: getattr(r, c) for c in _SHOWN}, **r.metrics} for r in rows]
 
 
 def reevaluate_run(
     run_dir: Path, k: int, pool: str, slot: Callable[[], ContextManager[Any]] = contextlib.nullcontext
-) -> tuple[list[dict[str, Any]], Path]:
+) -> tuple[list[Reevaluation], Path]:
     """Re-score the k best states and write the table, named by GPU type for a problem that needs one."""
     rows = reevaluate_states(run_dir, k, pool, slot)
     gpu = gpu_type() if Run.open(run_dir).problem().needs_gpu else None

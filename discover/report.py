@@ -22,7 +22,8 @@ from discover.status import step_rows
 from evaluators.markdown import markdown_table
 from storage.atomic import atomic_path, atomic_write_text
 from storage.layout import RunLayout
-from storage.manifest import TASKS, read_manifest
+from discover.run import TASKS
+from storage.manifest import read_manifest
 
 REPORT_DIR = "report"
 COLUMNS = ("step", "best", "mean", "valid", "beta", "tokens", *(f"{t}_s" for t in TASKS))

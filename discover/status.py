@@ -11,7 +11,8 @@ import pyarrow.parquet as pq
 
 from discover.config import RunConfig, load_config
 from storage.layout import RunLayout
-from storage.manifest import TASKS, read_manifest
+from discover.run import TASKS
+from storage.manifest import read_manifest
 
 
 def step_rows(run_dir: Path) -> list[dict[str, Any]]:

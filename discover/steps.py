@@ -9,6 +9,7 @@ a task with the same result.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import shutil
@@ -18,16 +19,17 @@ from typing import Any, Callable
 
 import numpy as np
 
-from discover.archive import Archive, ArchiveRules, State, update_archive as apply_archive_update
+from discover.archive import Archive, update_archive as apply_archive_update
 from discover.config import RunConfig
 from discover.evaluation import StepEvaluation, thread_pool
 from discover.mixed import best_past_rollouts, mixed_stream
 from discover.objectives import group_advantages
 from discover.preflight import preflight
 from discover.prompts import build_context
-from discover.records import Evaluation, Rollout
+from discover.records import Evaluation, Rollout, State
 from discover.reuse import select_parents as choose_parents
 from discover.run import Ref, Run, load_archive, read_evaluations, read_rollouts, save_archive
+from evaluators.base import EvalResult
 from evaluators.sandbox import sandbox_for
 from storage.atomic import atomic_dir, atomic_write_json
 from storage.tables import write_records
@@ -73,26 +75,18 @@ def _seed_states(run: Run) -> list[State]:
     seeds = problem.seeds(rng, run.config.reuse.seed_states or run.config.groups)  # SPEC §5a: one seed per group
     sandbox = sandbox_for(problem, run.config.sandbox.backend, run.config.sandbox.concurrency)
     states = []
-    scored: dict[str, Any] = {}  # a seed program drawn for several groups is run once
+    scored: dict[str, EvalResult] = {}  # a seed program drawn for several groups is run once
     invalid: dict[str, list[int]] = {}  # reason -> the seeds it rejects, logged once per reason
     for i, seed in enumerate(seeds):
         if seed.code.strip() and problem.needs_sandbox and seed.construction is None:
             if seed.code not in scored:
                 scored[seed.code] = problem.evaluate(seed.code, None, sandbox)  # a program: run it to score it
             verdict = scored[seed.code]
-            construction = verdict.construction
         else:
-            verdict = problem.verify(seed.construction)
-            construction = seed.construction
+            verdict = dataclasses.replace(problem.verify(seed.construction), construction=seed.construction)
         if not verdict.valid:
             invalid.setdefault(verdict.reason, []).append(i)
-        states.append(
-            State(
-                id=f"seed-{i}", parent_id=None, step=-1, reward=verdict.reward if verdict.valid else 0.0,
-                code=seed.code, construction=construction, observation=verdict.observation, is_seed=True,
-                key=problem.archive_key(seed.code, construction),
-            )
-        )
+        states.append(State.seed(i, seed.code, verdict, problem.archive_key(seed.code, verdict.construction)))
     for reason, ids in invalid.items():
         which = f"seed {ids[0]} of {problem.name} is" if len(ids) == 1 else f"seeds {', '.join(map(str, ids))} of {problem.name} are"
         log.warning("%s invalid (reward 0): %s", which, reason)
@@ -205,13 +199,8 @@ def update_archive(run_dir: Path, step: int) -> Ref:
     archive = load_archive(inputs["archive"])
     parents = [g["parent_id"] for g in json.loads(inputs["parents"].read_text())["groups"]]
     problem = run.problem()
-    children = [e.child(step, problem.archive_key(e.code, e.construction) if e.valid else "") for e in read_evaluations(inputs["evaluations"])]
-    r = config.reuse
-    rules = ArchiveRules(
-        children_per_parent=r.children_per_parent, max_size=r.archive_size, children_scope=r.children_scope,
-        invalid_children=r.invalid_children, deduplicate=r.deduplicate,
-    )
-    new = apply_archive_update(archive, parents, children, rules)
+    children = read_evaluations(inputs["evaluations"])
+    new = apply_archive_update(archive, step, parents, children, lambda e: problem.archive_key(e.code, e.construction), config.reuse)
     out = run.writes("update_archive", step)
     save_archive(out, new)
     best = new.best()

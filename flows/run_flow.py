@@ -9,7 +9,7 @@ from typing import Any
 from prefect import flow
 
 from discover import steps
-from discover.run import Run
+from discover.run import TASKS, Run
 from flows import artifacts, tasks
 from flows.engines import evaluation_engine
 from flows.step_flow import discovery_step
@@ -61,7 +61,7 @@ def discovery_run(
     tasks.initialise(run_dir)  # also on resume: a run killed while initialising finishes it first
     run = Run.open(run_dir)
     config_ = run.config
-    start = finished_steps(run.layout.manifest)
+    start = finished_steps(run.layout.manifest, TASKS)
     if start:
         log.info("resuming %s at step %d of %d", run_dir, start, config_.steps)
     if start < config_.steps:

@@ -1,15 +1,16 @@
-"""The run manifest: which task of which step finished, its output and how long it took."""
+"""The run manifest: which task of which step finished, its output and how long it took.
+
+Storage knows no task names: discover/run.py owns them (`TASKS`) and passes them in."""
 
 from __future__ import annotations
 
 import json
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from storage.atomic import atomic_write_json
 
-TASKS = ("select_parents", "generate", "evaluate", "update_archive", "train")
 _lock = threading.Lock()
 
 
@@ -29,11 +30,11 @@ def record_task(path: Path, step: int, task: str, ref: dict[str, str], started: 
         atomic_write_json(path, manifest)
 
 
-def finished_steps(path: Path) -> int:
-    """How many leading steps have every task finished: the first unfinished step's number."""
-    tasks = read_manifest(path)["tasks"]
+def finished_steps(path: Path, tasks: Sequence[str]) -> int:
+    """How many leading steps have every one of `tasks` finished: the first unfinished step's number."""
+    done = read_manifest(path)["tasks"]
     step = 0
-    while all(f"{step}/{t}" in tasks for t in TASKS):
+    while all(f"{step}/{t}" in done for t in tasks):
         step += 1
     return step
 

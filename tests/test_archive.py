@@ -7,7 +7,9 @@ import json
 
 import pytest
 
-from discover.archive import Archive, ArchiveRules, Child, State, update_archive
+from discover.archive import Archive, update_archive
+from discover.config import ReuseConfig
+from discover.records import Evaluation, State
 
 
 def _state(id, reward, parent=None, lineage=(), seed=False, m=None, n=0, step=0):
@@ -25,7 +27,23 @@ def _state(id, reward, parent=None, lineage=(), seed=False, m=None, n=0, step=0)
 
 
 def _child(id, parent, reward, valid=True, step=1, key=""):
-    return Child(id=id, parent_id=parent, step=step, reward=reward, valid=valid, code=f"# {id}", key=key)
+    """A step's evaluation of a child; the test's archive key travels in its code ("key:K")."""
+    return Evaluation(
+        child_id=id, parent_id=parent, group=0, index=0, reward=reward, valid=valid,
+        code=f"key:{key}" if key else f"# {id}", reason="" if valid else "invalid",
+    )
+
+
+def _key(child: Evaluation) -> str:
+    return child.code.removeprefix("key:") if child.code.startswith("key:") else ""
+
+
+def _insert(ar, children, step=1, **kwargs):
+    return ar.insert_children(children, step, _key, **kwargs)
+
+
+def _update(ar, parents, children, rules=None, step=1):
+    return update_archive(ar, step, parents, children, _key, rules or ReuseConfig())
 
 
 def _chain() -> Archive:
@@ -135,7 +153,7 @@ def test_insert_top_two_valid_children_per_parent():
         _child("c1", "c", 0.3),
         _child("c2", "c", 5.0, valid=False),
     ]
-    inserted = ar.insert_children(children)
+    inserted = _insert(ar, children)
     assert inserted == ["b1", "b0", "c1"]
     assert list(ar.states) == ["s", "a", "b", "c", "b1", "b0", "c1"]
     assert ar["b1"].lineage == ("s", "a", "b") and ar["b1"].parent_id == "b"
@@ -146,7 +164,7 @@ def test_insert_top_two_valid_children_per_parent():
 
 def test_insert_child_of_evicted_parent_uses_parent_id_as_lineage():
     ar = _chain()
-    assert ar.insert_children([_child("g", "gone", 0.5)]) == ["g"]
+    assert _insert(ar, [_child("g", "gone", 0.5)]) == ["g"]
     assert ar["g"].lineage == ("gone",)
 
 
@@ -181,7 +199,7 @@ def test_update_archive_returns_new_archive_and_leaves_input_untouched():
         _child("b4", "b", 0.2),  # 3rd best of b: not inserted
         _child("c1", "c", 0.05),
     ]
-    new = update_archive(ar, ["b", "c"], children, ArchiveRules(max_size=5))
+    new = _update(ar, ["b", "c"], children, ReuseConfig(archive_size=5))
     assert ar.to_records() == before and ar.total_expansions == 0
     # after insertion: s, a(0.6), b(0.9), c(0.4), b1(0.95), b3(0.7), c1(0.05) -> 6 non-seeds;
     # cap 5 keeps s + best 4 non-seeds: b1 0.95, b 0.9, b3 0.7, a 0.6 -> c and c1 evicted
@@ -193,7 +211,7 @@ def test_update_archive_returns_new_archive_and_leaves_input_untouched():
 
 def test_records_round_trip_exactly():
     ar = _chain()
-    ar = update_archive(ar, ["b", "b", "a"], [_child("b1", "b", 0.95), _child("a1", "a", 0.1)])
+    ar = _update(ar, ["b", "b", "a"], [_child("b1", "b", 0.95), _child("a1", "a", 0.1)])
     ar["b1"].construction = {"points": [[0.0, 1.5], [2.0, 3.0]], "name": "x"}
     ar["b1"].observation = "score=0.95"
     records = ar.to_records()
@@ -212,19 +230,19 @@ def test_top_two_children_per_parent_hold_across_the_whole_archive():
     # Scope "archive" (released code): b keeps its best two over H, b1 0.95 and b3 0.7; b2 and b4
     # go. Scope "step": each step inserts its own top two, so b ends with four children.
     ar = _chain()
-    ar = update_archive(ar, ["b"], [_child("b1", "b", 0.95), _child("b2", "b", 0.5)])
+    ar = _update(ar, ["b"], [_child("b1", "b", 0.95), _child("b2", "b", 0.5)])
     step2 = [_child("b3", "b", 0.7, step=2), _child("b4", "b", 0.6, step=2)]
-    kept = update_archive(ar, ["b"], step2)
+    kept = _update(ar, ["b"], step2)
     assert [s.id for s in kept.states.values() if s.parent_id == "b"] == ["b1", "b3"]
-    per_step = update_archive(ar, ["b"], step2, ArchiveRules(children_scope="step"))
+    per_step = _update(ar, ["b"], step2, ReuseConfig(children_scope="step"))
     assert [s.id for s in per_step.states.values() if s.parent_id == "b"] == ["b1", "b2", "b3", "b4"]
 
 
 def test_trim_children_keeps_grandchildren_of_an_evicted_child():
     ar = _chain()
-    ar.insert_children([_child("c1", "c", 0.2), _child("c2", "c", 0.1)])
-    ar.insert_children([_child("x", "c2", 0.9)])  # c2's child
-    ar.insert_children([_child("c3", "c", 0.3)])  # c now has three children: c3 0.3, c1 0.2, c2 0.1
+    _insert(ar, [_child("c1", "c", 0.2), _child("c2", "c", 0.1)])
+    _insert(ar, [_child("x", "c2", 0.9)])  # c2's child
+    _insert(ar, [_child("c3", "c", 0.3)])  # c now has three children: c3 0.3, c1 0.2, c2 0.1
     assert ar.trim_children(["c"]) == ["c2"]
     assert "x" in ar and ar["x"].lineage == ("s", "c", "c2")
     assert ar.descendants("c") == {"c1", "c3", "x"}
@@ -242,12 +260,12 @@ def test_duplicates_of_archive_states_are_not_inserted():
         _child("b3", "b", 0.7, key="B"),
         _child("b4", "b", 0.6, key="C"),
     ]
-    new = update_archive(ar, ["b"], children)
+    new = _update(ar, ["b"], children)
     assert [s.id for s in new.states.values() if s.parent_id == "b"] == ["b2", "b4"]
     assert new["b2"].key == "B"
     assert new["b"].best_child_reward == 0.99  # m counts every valid child, duplicates included
-    off = update_archive(ar, ["b"], children, ArchiveRules(deduplicate=False))
+    off = _update(ar, ["b"], children, ReuseConfig(deduplicate=False))
     assert [s.id for s in off.states.values() if s.parent_id == "b"] == ["b1", "b2"]
     # an empty key (unknown) never matches
-    blank = update_archive(ar, ["b"], [_child("e1", "b", 0.5), _child("e2", "b", 0.4)])
+    blank = _update(ar, ["b"], [_child("e1", "b", 0.5), _child("e2", "b", 0.4)])
     assert [s.id for s in blank.states.values() if s.parent_id == "b"] == ["e1", "e2"]

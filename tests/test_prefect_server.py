@@ -27,7 +27,8 @@ import httpx
 import pytest
 import yaml
 
-from storage.manifest import TASKS, read_manifest
+from discover.run import TASKS
+from storage.manifest import read_manifest
 from tests.conftest import archive_records as read_archive
 from tests.conftest import tiny_toy_config
 

@@ -16,7 +16,8 @@ from discover.report import step_rows, write_report
 from evaluators.toy.digits import DigitsProblem
 from storage.atomic import atomic_write_json, atomic_write_text
 from storage.layout import RunLayout
-from storage.manifest import TASKS, record_task
+from discover.run import TASKS
+from storage.manifest import record_task
 from discover.archive import Archive, State
 from discover.records import Evaluation, Rollout
 from discover.run import save_archive
@@ -102,8 +103,8 @@ def test_reevaluation_rescores_the_best_states_and_writes_the_table(run_dir: Pat
             return False
 
     rows = reevaluate_states(run_dir, 5, "gpu-test", Slot)
-    assert [r["state_id"] for r in rows] == ["s0001-g00-r001", "s0000-g00-r000"]  # seeds are not re-scored
-    assert all(r["valid"] and r["reward"] == pytest.approx(r["archived_reward"]) for r in rows)
+    assert [r.state_id for r in rows] == ["s0001-g00-r001", "s0000-g00-r000"]  # seeds are not re-scored
+    assert all(r.valid and r.reward == pytest.approx(r.archived_reward) for r in rows)
     assert len(held) == 2  # one slot held per candidate
     out = write_reevaluation(run_dir, rows, "gpu-test", when=0.0)
     assert out == run_dir / "reevaluations" / "19700101T000000Z-gpu-test.parquet"

@@ -14,7 +14,8 @@ import pytest
 import yaml
 
 from discover.run import load_archive
-from storage.manifest import TASKS, read_manifest
+from discover.run import TASKS
+from storage.manifest import read_manifest
 from tests.conftest import tiny_toy_config
 
 pytestmark = pytest.mark.slow

@@ -6,28 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Protocol
 
-import pyarrow as pa
-
-
-@dataclass
-class Completion:
-    """One rollout as the sampler produced it (SPEC §1 step 2, §4).
-
-    `completion_ids` are every token after the prompt, in order: generated tokens and, when the
-    thinking budget ran out, the forced text (the phrase and what closes the thinking block in the
-    model's chat format, `chat_format.py`). `loss_mask[i]` is 1 for a token the policy
-    generated and 0 for a forced one; only generated tokens carry loss (SPEC §2).
-    `sampler_logprobs[i]` is the sampler's log-probability of token i (0.0 for forced tokens).
-    """
-
-    prompt_ids: list[int] = field(metadata={"arrow": pa.list_(pa.int32())})
-    completion_ids: list[int] = field(metadata={"arrow": pa.list_(pa.int32())})
-    sampler_logprobs: list[float] = field(metadata={"arrow": pa.list_(pa.float32())})
-    loss_mask: list[int] = field(metadata={"arrow": pa.list_(pa.int8())})
-    text: str  # the whole completion decoded: thinking, forced text, answer
-    answer: str  # the final answer part only (what the candidate is parsed from)
-    forced: bool = False  # True when the thinking budget ran out and the phrase was appended
-    finish_reason: str = "stop"  # "stop" (end of sequence) or "length" (context exhausted)
+from discover.records import Completion
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,6 @@ from pathlib import Path
 CRASH = os.environ.get("DISCOVER_CRASH_AT", "")
 HOLD = os.environ.get("DISCOVER_HOLD_AT", "")
 EVAL_LOG = os.environ.get("DISCOVER_EVAL_LOG", "")
-TASKS = ("select_parents", "generate", "evaluate", "update_archive", "train")
 
 
 def _at(name: str, step: int, phase: str, run_dir: object = None) -> None:
@@ -65,6 +64,7 @@ def _wrap_task(steps, name: str) -> None:
 
 def _install() -> None:
     from discover import steps
+    from discover.run import TASKS
 
     for name in TASKS:
         _wrap_task(steps, name)
