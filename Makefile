@@ -9,7 +9,7 @@ EXTRAS := --extra dev --extra bio
 export UV_PROJECT_ENVIRONMENT := $(abspath $(VENV))
 export UV_LINK_MODE := copy
 
-.PHONY: setup demo test lock clean-venv images test-images
+.PHONY: setup demo test typecheck lock clean-venv images test-images
 
 $(UV):
 	$(PYTHON) -m venv $(TOOLS)
@@ -38,7 +38,12 @@ images: setup
 test-images: setup
 	$(VENV)/bin/python images/build.py --if-docker python-math cpp20 bio
 
-test: setup test-images
+# Static type checking of the seams between the floors (files listed in pyproject.toml [tool.mypy]).
+typecheck: setup
+	$(VENV)/bin/mypy
+
+# The type check, then every test (tests/test_imports.py runs import-linter's floor contracts).
+test: setup test-images typecheck
 	$(VENV)/bin/python -m pytest -q --durations=30
 
 lock: $(UV)

@@ -28,24 +28,28 @@ def _alternatives(names: tuple[str, ...]) -> str:
     return quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} or {quoted[-1]}"
 
 
-def one_of(names: tuple[str, ...]) -> Any:
-    """A string field whose allowed values are a registry's names, owned by the module that
-    implements them (the reuse rules by discover/reuse.py, ...), with pydantic's Literal message."""
+def one_of(names: tuple[str, ...]) -> AfterValidator:
+    """The check of a string field whose allowed values are a registry's names, owned by the module
+    that implements them (the reuse rules by discover/reuse.py, ...), with pydantic's Literal message."""
 
     def check(value: str) -> str:
         if value not in names:
             raise ValueError(f"Input should be {_alternatives(names)}")
         return value
 
-    return Annotated[str, AfterValidator(check), WithJsonSchema({"type": "string", "enum": list(names)})]
+    return AfterValidator(check)
 
 
-ReuseRule = one_of(REUSE_RULES)
-Objective = one_of(OBJECTIVES)
-SandboxBackend = one_of(SANDBOX_BACKENDS)
-EvaluationRunner = one_of(EVALUATION_RUNNERS)
-ChildrenScope = one_of(CHILDREN_SCOPES)
-InvalidChildren = one_of(INVALID_CHILDREN)
+def _enum(names: tuple[str, ...]) -> WithJsonSchema:
+    return WithJsonSchema({"type": "string", "enum": list(names)})
+
+
+ReuseRule = Annotated[str, one_of(REUSE_RULES), _enum(REUSE_RULES)]
+Objective = Annotated[str, one_of(OBJECTIVES), _enum(OBJECTIVES)]
+SandboxBackend = Annotated[str, one_of(SANDBOX_BACKENDS), _enum(SANDBOX_BACKENDS)]
+EvaluationRunner = Annotated[str, one_of(EVALUATION_RUNNERS), _enum(EVALUATION_RUNNERS)]
+ChildrenScope = Annotated[str, one_of(CHILDREN_SCOPES), _enum(CHILDREN_SCOPES)]
+InvalidChildren = Annotated[str, one_of(INVALID_CHILDREN), _enum(INVALID_CHILDREN)]
 
 EMBEDDED_MODEL = "tiny"  # the tiny model the project builds offline (discover/policy/tiny_model.py)
 EMBEDDED_MODELS = (EMBEDDED_MODEL, "tiny-qwen3")  # and a Qwen3-architecture one (discover/policy/qwen3_model.py)
@@ -301,7 +305,7 @@ def reference_markdown() -> str:
             if f.is_required():
                 default = "required"
             else:
-                value = f.default_factory() if f.default_factory else f.default
+                value = f.get_default(call_default_factory=True)
                 default = f"`{str(value) if isinstance(value, Path) else value!r}`"
             lines.append(f"| `{prefix}{name}` | {default} | {f.description or ''} |")
         lines.append("")

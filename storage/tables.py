@@ -30,7 +30,6 @@ import json
 import math
 import types
 import typing
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -79,8 +78,17 @@ class _Column:
         return self.default() if self.has_factory else self.default
 
 
-@lru_cache(maxsize=None)
+_COLUMNS: dict[type, tuple[_Column, ...]] = {}
+
+
 def _columns(cls: type) -> tuple[_Column, ...]:
+    """The columns of a record class, derived once per class."""
+    if cls not in _COLUMNS:
+        _COLUMNS[cls] = _derive_columns(cls)
+    return _COLUMNS[cls]
+
+
+def _derive_columns(cls: type) -> tuple[_Column, ...]:
     hints = typing.get_type_hints(cls)
     out = []
     for f in dataclasses.fields(cls):
