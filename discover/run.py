@@ -92,7 +92,8 @@ class Run:
         }[task]
 
     def writes(self, task: str, step: int) -> Path:
-        """The one output of `task` of `step`."""
+        """The output of `task` of `step` that its reference points to and the next tasks read
+        (train also writes its statistics, steps/NNNN/train.json, which nothing reads back)."""
         L = self.layout
         return {
             "select_parents": L.parents(step),
