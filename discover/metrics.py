@@ -34,7 +34,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from discover.config import load_config
-from storage.atomic import atomic_write_json
+from storage.atomic import atomic_write_json, atomic_write_text
 from storage.layout import RunLayout
 from storage.manifest import TASKS, read_manifest
 
@@ -134,7 +134,7 @@ def write_step_metrics(run_dir: Path, step: int, problem: Any = None) -> Record:
     steps/NNNN/metrics.json (atomically); an unfinished step's record is returned, not kept."""
     record = step_metrics(run_dir, step, problem)
     if step_finished(run_dir, step):
-        atomic_write_json(metrics_path(run_dir, step), record)
+        atomic_write_text(metrics_path(run_dir, step), json.dumps(record, indent=2) + "\n")  # in the record's order
     return record
 
 
@@ -165,7 +165,8 @@ class _LazyProblem:
     and never need it; building some problems reads their data)."""
 
     def __init__(self, run_dir: Path) -> None:
-        self._run_dir, self._problem = Path(run_dir), None
+        self._run_dir = Path(run_dir)
+        self._problem: Any = None
 
     def summary_metrics(self, result: Any) -> dict[str, float]:
         if self._problem is None:
