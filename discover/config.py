@@ -188,6 +188,17 @@ class EvaluationConfig(_Section):
         return self
 
 
+class MetricsConfig(_Section):
+    """Each step's metrics record (steps/NNNN/metrics.json) and where else it goes.
+
+    Changing this section never changes a run's results.
+    """
+
+    tensorboard: bool = Field(
+        False, description="also append each step's record to TensorBoard event files in RUN_DIR/tensorboard (`tensorboard --logdir RUN_DIR/tensorboard`)"
+    )
+
+
 class RunConfig(_Section):
     """One discovery run: one problem, one model, a fixed number of training steps."""
 
@@ -204,6 +215,7 @@ class RunConfig(_Section):
     sampling: SamplingConfig = SamplingConfig()
     sandbox: SandboxConfig = SandboxConfig()
     evaluation: EvaluationConfig = EvaluationConfig()
+    metrics: MetricsConfig = MetricsConfig()
     problem_options: dict[str, Any] = Field(default_factory=dict, description="problem-specific settings")
 
     @field_validator("problem")

@@ -1,9 +1,8 @@
-"""The report of a run: a table per step, the reward distribution by step, the best states, and for
-problems judged case by case (AtCoder) the best program's result on every case.
+"""The report of a run: the reward distribution by step, a table of the steps' metrics records
+(discover/metrics.py), the best states, and what the run's problem adds (its `report_sections`).
 
 Plain Python and matplotlib (Agg), no Prefect: `discover report RUN_DIR` and the run flow's end
-both call `write_report`; the flow's per-step artifacts (flows/artifacts.py) reuse `step_rows` and
-`reward_figure`. The figure follows the method paper's Figure 1: one distribution of rollout
+both call `write_report`; the flow's per-step artifacts (flows/artifacts.py) reuse `reward_figure`. The figure follows the method paper's Figure 1: one distribution of rollout
 rewards per training step, with the best reward found so far drawn over it.
 """
 
@@ -16,17 +15,16 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
+from discover.archive import State
 from discover.config import load_config
 from discover.run import load_archive, make_problem
 from discover.status import step_rows
 from evaluators.markdown import markdown_table
 from storage.atomic import atomic_path, atomic_write_text
 from storage.layout import RunLayout
-from discover.run import TASKS
-from storage.manifest import read_manifest
 
 REPORT_DIR = "report"
-COLUMNS = ("step", "best", "mean", "valid", "beta", "tokens", *(f"{t}_s" for t in TASKS))
+TRAIN_SHOWN = ("loss", "kl", "beta_mean")  # of the train/ keys of a step's record, those the step table shows
 
 
 def step_rewards(run_dir: Path) -> dict[int, np.ndarray]:
@@ -77,12 +75,8 @@ def reward_figure(run_dir: Path, path: Path) -> Path:
 
 def best_states(run_dir: Path, k: int = 5) -> list[dict[str, Any]]:
     """The k best states of the newest archive: id, reward, step, depth of lineage, construction."""
-    archives = sorted((Path(run_dir) / "archive").glob("*.parquet"))
-    if not archives:
-        return []
-    states = sorted(load_archive(archives[-1]).states.values(), key=lambda s: s.reward, reverse=True)
     out = []
-    for s in states[:k]:
+    for s in newest_states(run_dir)[:k]:
         construction = json.dumps(s.construction)
         if len(construction) > 60:
             construction = construction[:57] + "..."
@@ -90,38 +84,40 @@ def best_states(run_dir: Path, k: int = 5) -> list[dict[str, Any]]:
     return out
 
 
-def per_case_section(run_dir: Path) -> list[str]:
-    """The best state's results case by case, for problems whose states keep them (the AtCoder
-    problems: a construction {"cases": [[case, verdict, score, cpu_s, peak_mb], ...]})."""
+def newest_states(run_dir: Path) -> list[State]:
+    """The states of the newest archive, best first ([] before the seeds are written)."""
     archives = sorted((Path(run_dir) / "archive").glob("*.parquet"))
     if not archives:
         return []
-    best = load_archive(archives[-1]).best()
-    table = best.construction.get("cases") if isinstance(best.construction, dict) else None
-    if not table:
-        return []
-    rows = [dict(zip(("case", "verdict", "score", "cpu_s", "peak_mb"), r)) for r in table]
-    scores = [r["score"] for r in rows]
-    return [
-        "## Per-case results of the best program",
-        "",
-        f"State `{best.id}` (reward {best.reward:.6g}{', a seed' if best.is_seed else f', step {best.step}'}): "
-        f"{sum(r['verdict'] == 'AC' for r in rows)}/{len(rows)} cases accepted, mean case score "
-        f"{float(np.mean(scores)):.1f} (min {min(scores)}, max {max(scores)}); cpu_s is CPU seconds, peak_mb the peak "
-        "resident memory.",
-        "",
-        markdown_table(rows, ("case", "verdict", "score", "cpu_s", "peak_mb")),
-    ]
+    return sorted(load_archive(archives[-1]).states.values(), key=lambda s: s.reward, reverse=True)
 
 
-def _problem_section(config, run_dir: Path) -> list[str]:
-    """What the run's problem adds (e.g. denoising: the best program against the baselines)."""
-    archives = sorted((Path(run_dir) / "archive").glob("*.parquet"))
-    if not archives:
+def problem_sections(config, run_dir: Path) -> list[str]:
+    """What the run's problem adds (its `report_sections` hook, docs/architecture.md "Problem
+    hooks"), as Markdown: a heading, a paragraph and a table per section."""
+    states = newest_states(run_dir)
+    if not states:
         return []
-    states = sorted(load_archive(archives[-1]).states.values(), key=lambda s: s.reward, reverse=True)
-    fields = ("id", "reward", "step", "is_seed", "code", "construction")
-    return make_problem(config).report_section([{f: getattr(s, f) for f in fields} for s in states])
+    lines: list[str] = []
+    for section in make_problem(config).report_sections(states):
+        lines += [f"## {section.title}", ""]
+        if section.text:
+            lines += [section.text, ""]
+        if section.rows:
+            lines += [markdown_table(section.rows, section.columns or None)]
+    return lines
+
+
+def step_columns(rows: list[dict[str, Any]]) -> list[str]:
+    """The step table's columns: the step, then the record's keys of every namespace but train/
+    (whose few shown keys are `TRAIN_SHOWN`), grouped by namespace, in the record's order within
+    one; steps/NNNN/metrics.json and TensorBoard hold the rest."""
+    keys: dict[str, None] = {}
+    for r in rows:
+        keys.update(dict.fromkeys(k for k in r if k != "step"))
+    shown = [k for k in keys if not k.startswith("train/") or k.removeprefix("train/") in TRAIN_SHOWN]
+    order = {ns: i for i, ns in enumerate(("reward", "problem", "archive", "tokens", "train", "time"))}
+    return ["step", *sorted(shown, key=lambda k: order.get(k.split("/")[0], len(order)))]
 
 
 def _reevaluation_section(layout: RunLayout) -> list[str]:
@@ -162,15 +158,17 @@ def write_report(run_dir: Path, out_dir: Path | None = None) -> Path:
         "",
         "## Steps",
         "",
-        "best: the best state of the archive after the step; mean and valid: over the step's rollouts;",
-        "beta: the mean adaptive beta of the groups; tokens: completion tokens; *_s: seconds per task.",
+        "Each step's metrics record (steps/NNNN/metrics.json): reward/best is the best state of the archive",
+        "after the step; reward/mean, reward/max and reward/valid_fraction are over the step's rollouts;",
+        "problem/* the problem's own figures averaged over its valid candidates; train/beta_mean the mean",
+        "adaptive beta of the groups; time/* seconds per task. The record's other train/ figures are in the",
+        "file (and in TensorBoard with `metrics.tensorboard: true`).",
         "",
-        markdown_table(rows, COLUMNS),
+        markdown_table(rows, step_columns(rows)),
         "## Best states",
         "",
         markdown_table(top),
-        *per_case_section(run_dir),
-        *_problem_section(config, run_dir),
+        *problem_sections(config, run_dir),
         *_reevaluation_section(layout),
     ]
     report = out / "report.md"

@@ -1,7 +1,9 @@
-"""Prefect artifacts of a run: after each step a table and the reward picture; at the end the report.
+"""Prefect artifacts of a run: after each step the steps' metrics records as a table and the reward
+picture; at the end the report.
 
-Thin: the numbers and the picture come from discover/report.py. Artifact keys hold the run id, so
-each run's artifacts form one history per key in the UI (lowercase letters, digits and dashes).
+Thin: the records come from discover/metrics.py, the picture and the report from
+discover/report.py. Artifact keys hold the run id, so each run's artifacts form one history per key
+in the UI (lowercase letters, digits and dashes).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from pathlib import Path
 
 from prefect.artifacts import create_image_artifact, create_markdown_artifact, create_table_artifact
 
-from discover import report
+from discover import metrics, report
 from storage.layout import RunLayout
 
 
@@ -27,9 +29,13 @@ def _data_url(png: Path) -> str:
 
 
 def publish_step(run_dir: str, step: int) -> None:
-    """The per-step table (every step so far) and the reward distribution by step with the best so far."""
-    rows = report.step_rows(Path(run_dir))
-    create_table_artifact(rows, key=_key(run_dir, "steps"), description=f"{run_dir}: per-step summary after step {step}")
+    """First the step's metrics record (steps/NNNN/metrics.json, and TensorBoard's event files when
+    `metrics.tensorboard` is on), then the artifacts: a table of the records of every step so far
+    and the reward distribution by step with the best so far."""
+    records = metrics.publish_metrics(Path(run_dir), step)
+    keys = list(dict.fromkeys(k for _, r in records for k in r))  # one set of columns, None where a step lacks a key
+    rows = [{"step": s, **{k: r.get(k) for k in keys}} for s, r in records]
+    create_table_artifact(rows, key=_key(run_dir, "steps"), description=f"{run_dir}: metrics record of each step after step {step}")
     png = report.reward_figure(Path(run_dir), RunLayout(Path(run_dir)).root / report.REPORT_DIR / "rewards.png")
     create_image_artifact(_data_url(png), key=_key(run_dir, "rewards"), description=f"{run_dir}: rewards by step after step {step}")
 

@@ -63,12 +63,13 @@ def run_dir(tmp_path: Path) -> Path:
     return root
 
 
-def test_step_rows_hold_best_mean_valid_beta_tokens_and_times(run_dir: Path) -> None:
+def test_step_rows_are_the_steps_metrics_records(run_dir: Path) -> None:
     rows = step_rows(run_dir)
     assert [r["step"] for r in rows] == [0, 1]
-    assert rows[1]["best"] == pytest.approx(max(_state("b", "a", 1, "12345678", ()).reward, rows[0]["best"]))
-    assert rows[0]["valid"] == 0.5 and rows[0]["tokens"] == 6 and rows[0]["beta"] == 2.5
-    assert all(rows[0][f"{t}_s"] == 0.5 for t in TASKS)
+    assert rows[1]["reward/best"] == pytest.approx(max(_state("b", "a", 1, "12345678", ()).reward, rows[0]["reward/best"]))
+    assert rows[0]["reward/valid_fraction"] == 0.5 and rows[0]["tokens/completion"] == 6 and rows[0]["train/beta_mean"] == 2.5
+    assert rows[0]["archive/size"] == 2 and rows[1]["archive/size"] == 3
+    assert all(rows[0][f"time/{t}"] == 0.5 for t in TASKS)
 
 
 def test_report_is_markdown_whose_pictures_exist(run_dir: Path) -> None:
@@ -82,7 +83,29 @@ def test_report_is_markdown_whose_pictures_exist(run_dir: Path) -> None:
     images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
     assert images == ["rewards.png"]
     assert (report.parent / "rewards.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "| step | best | mean | valid | beta | tokens |" in text and "s0001-g00-r001" in text
+    assert "| step | reward/best | reward/mean | reward/max | reward/valid_fraction | archive/size | tokens/completion |" in text
+    assert "train/beta_mean" in text and "time/train" in text and "s0001-g00-r001" in text
+
+
+def test_report_renders_the_problems_sections(run_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The problem's `report_sections` get the newest archive's states, best first, and each
+    section becomes a heading, its paragraph and its table."""
+    from evaluators.base import ReportSection
+
+    seen = []
+
+    def sections(self, states):
+        seen.append(list(states))
+        rows = [{"state": s.id, "reward": s.reward} for s in states]
+        return [ReportSection("Digits of the best states", "One row per state.", rows, ("reward", "state")), ReportSection("Empty")]
+
+    monkeypatch.setattr(DigitsProblem, "report_sections", sections)
+    text = write_report(run_dir).read_text()
+    rewards = [s.reward for s in seen[0]]
+    assert len(seen[0]) == 3 and seen[0][0].id == "s0001-g00-r001" and rewards == sorted(rewards, reverse=True)
+    assert isinstance(seen[0][0], State)
+    assert "## Digits of the best states\n\nOne row per state.\n\n| reward | state |" in text
+    assert "## Empty\n" in text
 
 
 def test_report_of_a_folder_that_is_no_run_fails_clearly(tmp_path: Path) -> None:

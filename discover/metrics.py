@@ -1,0 +1,244 @@
+"""One metrics record per step: every figure of a step under a namespaced key, computed once from
+the files the step wrote and kept as RUN_DIR/steps/NNNN/metrics.json.
+
+`discover status`, the run report and the flow's per-step artifacts read this record and nothing
+else of a step's figures; with `metrics.tensorboard: true` each record is also appended to event
+files in RUN_DIR/tensorboard (`tensorboard --logdir RUN_DIR/tensorboard` shows the curves live).
+
+Keys (None where the file that gives it is not written yet):
+
+    reward/best            best reward of the archive after the step (seeds included)
+    reward/mean, reward/max, reward/valid_fraction   over the step's rollouts (invalid ones score 0)
+    archive/size           states in the archive after the step
+    tokens/completion      completion tokens the step generated
+    train/<name>           every number of the step's train.json (loss, beta_mean, beta_min,
+                           beta_max, kl, logprob_gap, grad_norm, seconds, ...)
+    time/<task>            seconds of each of the step's five tasks (manifest.json)
+    problem/<name>         the mean over the step's valid candidates of the problem's
+                           `summary_metrics` hook (docs/architecture.md, "Problem hooks")
+
+The record only reads files, so computing it again gives the same numbers; a step without a
+metrics.json (unfinished, or written by an older version) gets its record computed on the fly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from discover.config import load_config
+from discover.run import TASKS, make_problem, read_evaluations
+from storage.atomic import atomic_write_json, atomic_write_text
+from storage.layout import RunLayout
+from storage.manifest import read_manifest
+
+Record = dict[str, float | None]
+METRICS_FILE = "metrics.json"
+TENSORBOARD_DIR = "tensorboard"
+_TB_WRITTEN = "written.json"  # inside TENSORBOARD_DIR: the last step appended to the event files
+
+
+def metrics_path(run_dir: Path, step: int) -> Path:
+    """RUN_DIR/steps/NNNN/metrics.json: where a step's record lives."""
+    return RunLayout(Path(run_dir)).step_dir(step) / METRICS_FILE
+
+
+def _number(x: Any) -> float | None:
+    """A finite float, or None (NaN and infinities are not figures; JSON has no NaN)."""
+    if isinstance(x, bool) or not isinstance(x, (int, float, np.integer, np.floating)):
+        return None
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def _problem_means(run_dir: Path, step: int, problem: Any) -> Record:
+    """problem/<name>: the mean of `summary_metrics` over the step's valid candidates."""
+    from evaluators.base import EvalResult
+
+    layout = RunLayout(Path(run_dir))
+    valid = [e for e in read_evaluations(layout.evaluations(step)) if e.valid]
+    if not valid:
+        return {}
+    problem = problem if problem is not None else _LazyProblem(run_dir)
+    fields = {f.name for f in dataclasses.fields(EvalResult)}
+    sums: dict[str, list[float]] = {}
+    for e in valid:
+        if isinstance(e, EvalResult):
+            result = e.verdict()
+        else:  # a step's evaluation row: its verdict fields under the names EvalResult gives them
+            values = {f: getattr(e, f) for f in fields if hasattr(e, f)}
+            values.setdefault("observation", getattr(e, "logs", ""))
+            result = EvalResult(**values)
+        for name, value in problem.summary_metrics(result).items():
+            v = _number(value)
+            if v is not None:
+                sums.setdefault(name, []).append(v)
+    return {f"problem/{name}": float(np.mean(vs)) for name, vs in sums.items()}
+
+
+def step_metrics(run_dir: Path, step: int, problem: Any = None) -> Record:
+    """The record of `step`, computed from the files the step wrote (see the module's keys).
+
+    `problem` is the run's problem (built from its configuration when not given), asked only for
+    `summary_metrics` and only when the step has valid candidates.
+    """
+    layout = RunLayout(Path(run_dir))
+    record: Record = {
+        "reward/best": None, "reward/mean": None, "reward/max": None, "reward/valid_fraction": None,
+        "archive/size": None, "tokens/completion": None,
+    }
+    if layout.evaluations(step).is_file():
+        ev = pq.read_table(layout.evaluations(step), columns=["reward", "valid"])
+        rewards = ev.column("reward").to_numpy()
+        if len(rewards):
+            record["reward/mean"] = float(np.mean(rewards))
+            record["reward/max"] = float(np.max(rewards))
+            record["reward/valid_fraction"] = float(np.mean(ev.column("valid").to_numpy(zero_copy_only=False)))
+    if layout.archive(step + 1).is_file():
+        archived = pq.read_table(layout.archive(step + 1), columns=["reward"]).column("reward").to_numpy()
+        record["archive/size"] = float(len(archived))
+        record["reward/best"] = float(archived.max()) if len(archived) else None
+    if layout.rollouts(step).is_file():
+        ids = pq.read_table(layout.rollouts(step), columns=["completion_ids"]).column("completion_ids")
+        record["tokens/completion"] = float(sum(len(x) for x in ids.to_pylist()))
+    if layout.train_stats(step).is_file():
+        stats = json.loads(layout.train_stats(step).read_text())
+        for name in ("beta_mean", "beta_min", "beta_max"):  # always there (None for no finite beta)
+            record[f"train/{name}"] = None
+        for name, value in stats.items():
+            if isinstance(value, (int, float)) or value is None:  # not the objective's name
+                record[f"train/{name}"] = _number(value)
+    tasks = read_manifest(layout.manifest)["tasks"]
+    for t in TASKS:
+        e = tasks.get(f"{step}/{t}")
+        record[f"time/{t}"] = None if e is None else round(e["finished"] - e["started"], 3)
+    if layout.evaluations(step).is_file():
+        record |= _problem_means(run_dir, step, problem)
+    return record
+
+
+def step_finished(run_dir: Path, step: int) -> bool:
+    tasks = read_manifest(RunLayout(Path(run_dir)).manifest)["tasks"]
+    return all(f"{step}/{t}" in tasks for t in TASKS)
+
+
+def write_step_metrics(run_dir: Path, step: int, problem: Any = None) -> Record:
+    """Compute the record of `step` and, once every task of the step has finished, keep it as
+    steps/NNNN/metrics.json (atomically); an unfinished step's record is returned, not kept."""
+    record = step_metrics(run_dir, step, problem)
+    if step_finished(run_dir, step):
+        atomic_write_text(metrics_path(run_dir, step), json.dumps(record, indent=2) + "\n")  # in the record's order
+    return record
+
+
+def read_step_metrics(run_dir: Path, step: int, problem: Any = None) -> Record:
+    """The kept record of `step`, or one computed now where none is kept."""
+    path = metrics_path(run_dir, step)
+    if path.is_file():
+        return json.loads(path.read_text())
+    return step_metrics(run_dir, step, problem)
+
+
+def started_steps(run_dir: Path) -> list[int]:
+    """The steps with at least one finished task, in order (those `discover status` lists)."""
+    layout = RunLayout(Path(run_dir))
+    if not layout.config.is_file():
+        raise FileNotFoundError(f"{run_dir} is not a run directory (no config.yaml)")
+    tasks = read_manifest(layout.manifest)["tasks"]
+    out = []
+    for step in range(load_config(layout.config).steps):
+        if not any(f"{step}/{t}" in tasks for t in TASKS):
+            break
+        out.append(step)
+    return out
+
+
+class _LazyProblem:
+    """The run's problem, built on the first `summary_metrics` call (most steps have a kept record
+    and never need it; building some problems reads their data)."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self._run_dir = Path(run_dir)
+        self._problem: Any = None
+
+    def summary_metrics(self, result: Any) -> dict[str, float]:
+        if self._problem is None:
+
+            self._problem = make_problem(load_config(RunLayout(self._run_dir).config))
+        return self._problem.summary_metrics(result)
+
+
+def run_metrics(run_dir: Path) -> list[tuple[int, Record]]:
+    """(step, record) of every started step, kept records read, the others computed."""
+    problem = _LazyProblem(run_dir)
+    return [(s, read_step_metrics(run_dir, s, problem)) for s in started_steps(run_dir)]
+
+
+# ---------------------------------------------------------------------------------------------
+# TensorBoard: the records as scalars (tag = key, global step = step), written with the
+# tensorboard package alone (no TensorFlow, no torch).
+
+
+def tensorboard_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / TENSORBOARD_DIR
+
+
+def _last_written(logdir: Path) -> int:
+    path = logdir / _TB_WRITTEN
+    return int(json.loads(path.read_text())["last_step"]) if path.is_file() else -1
+
+
+def write_tensorboard(run_dir: Path, records: list[tuple[int, Record]]) -> list[int]:
+    """Append the records of steps after the last one already written, in step order, to a new
+    event file in RUN_DIR/tensorboard; return the steps written.
+
+    Idempotent: `written.json` beside the event files holds the last step written, so calling again
+    (a resumed run publishing a step again) writes nothing twice. Steps are only ever appended in
+    increasing order because TensorBoard reads a lower step after a higher one as a restart of the
+    run and drops the later points. Should a crash fall between the event file and `written.json`,
+    that step is written again on resume: TensorBoard then holds two equal points at the same step
+    (both are shown; the curve is unchanged) — harmless.
+    """
+    from tensorboard.compat.proto.event_pb2 import Event
+    from tensorboard.compat.proto.summary_pb2 import Summary
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+    logdir = tensorboard_dir(run_dir)
+    logdir.mkdir(parents=True, exist_ok=True)
+    last = _last_written(logdir)
+    todo = [(s, r) for s, r in sorted(records) if s > last]
+    if not todo:
+        return []
+    writer = EventFileWriter(str(logdir))
+    try:
+        for step, record in todo:
+            values = [Summary.Value(tag=k, simple_value=float(v)) for k, v in record.items() if v is not None]
+            writer.add_event(Event(wall_time=time.time(), step=step, summary=Summary(value=values)))
+        writer.flush()
+    finally:
+        writer.close()
+    atomic_write_json(logdir / _TB_WRITTEN, {"last_step": todo[-1][0]})
+    return [s for s, _ in todo]
+
+
+def publish_metrics(run_dir: Path, step: int) -> list[tuple[int, Record]]:
+    """After `step`: keep the record of every finished step up to it that has none yet (the step
+    itself, and any an earlier failure skipped), append them to TensorBoard when the run's
+    `metrics.tensorboard` is on, and return (step, record) of every started step."""
+    config = load_config(RunLayout(Path(run_dir)).config)
+    problem = _LazyProblem(run_dir)
+    for s in range(step + 1):
+        if not metrics_path(run_dir, s).is_file() and step_finished(run_dir, s):
+            write_step_metrics(run_dir, s, problem)
+    records = run_metrics(run_dir)
+    if config.metrics.tensorboard:
+        # only finished steps: an unfinished step's record would change, and TensorBoard keeps the first
+        write_tensorboard(run_dir, [(s, r) for s, r in records if s <= step and metrics_path(run_dir, s).is_file()])
+    return records
