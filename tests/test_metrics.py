@@ -19,7 +19,8 @@ from discover.run import load_archive, read_evaluations
 from discover.status import step_rows, step_summaries
 from evaluators.toy.digits import DigitsProblem
 from storage.layout import RunLayout
-from storage.manifest import TASKS, record_task
+from discover.run import TASKS
+from storage.manifest import record_task
 from tests.conftest import REPO, tiny_toy_config
 
 FIXED_KEYS = {
