@@ -61,7 +61,7 @@ class Run:
         layout = RunLayout(config.run_dir)
         if layout.config.is_file():
             existing = load_config(layout.config)
-            same = {"run_dir", "evaluation"}  # where a run is written or evaluated never changes its results
+            same = {"run_dir", "evaluation", "metrics"}  # where a run is written, evaluated or logged never changes its results
             if existing.model_dump(exclude=same) != config.model_dump(exclude=same):
                 raise RunDirError(
                     f"{config.run_dir} already holds a run with another configuration; "
