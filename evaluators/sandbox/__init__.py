@@ -1,4 +1,4 @@
-"""Sandbox backends that run untrusted candidate programs (DESIGN.md, "sandbox/")."""
+"""Sandbox backends that run untrusted candidate programs (docs/architecture.md, the sandbox)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ from typing import Any
 from evaluators.sandbox.base import Sandbox, SandboxLimits, SandboxResult
 from evaluators.sandbox.process import ProcessSandbox
 
-__all__ = ["ProcessSandbox", "Sandbox", "SandboxLimits", "SandboxResult", "get_sandbox", "sandbox_for"]
+__all__ = ["BACKENDS", "ProcessSandbox", "Sandbox", "SandboxLimits", "SandboxResult", "get_sandbox", "sandbox_for"]
 
+BACKENDS = ("auto", "process", "docker")  # the sandbox backends, named here once (config, CLI, get_sandbox)
 DEFAULT_IMAGE = "python-math"
 _docker_boxes: dict[tuple, Any] = {}  # one warm pool per (image, concurrency, gpu) per process
 _docker_lock = threading.Lock()
@@ -49,8 +50,8 @@ def get_sandbox(backend: str, image: str | None = None, concurrency: int = 2, gp
     process backend with a warning saying so. Docker sandboxes are pooled: the same arguments give
     the same warm pool for the life of the process.
     """
-    if backend not in ("process", "docker", "auto"):
-        raise ValueError(f"unknown sandbox backend {backend!r}; choose 'process', 'docker' or 'auto'")
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown sandbox backend {backend!r}; choose {', '.join(repr(b) for b in BACKENDS)}")
     if backend == "process":
         return ProcessSandbox()
     image = image or DEFAULT_IMAGE
