@@ -1,5 +1,5 @@
 """Problem commands of `discover`: evaluate a candidate, verify a construction, plot it, judge one
-contest output."""
+contest output. Plain functions, registered as commands by cli/app.py."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from typing import Optional
 
 import typer
 
-from cli.app import SANDBOXES, app, fail
+from cli.output import fail
+from evaluators.sandbox import BACKENDS
 
 
 def _load_problem(problem: str, **options):
@@ -24,7 +25,6 @@ def _load_problem(problem: str, **options):
         fail(str(err))
 
 
-@app.command()
 def evaluate(
     problem: str = typer.Argument(..., help="problem id"),
     file: Path = typer.Argument(..., help="a candidate program (or, for data problems, the answer text)"),
@@ -40,8 +40,8 @@ def evaluate(
     from evaluators.base import EvalResult
     from evaluators.sandbox import sandbox_for
 
-    if sandbox not in SANDBOXES:
-        fail(f"--sandbox must be one of {', '.join(SANDBOXES)}, got {sandbox!r}")
+    if sandbox not in BACKENDS:
+        fail(f"--sandbox must be one of {', '.join(BACKENDS)}, got {sandbox!r}")
     if not file.is_file():
         fail(f"no such file: {file}")
     options: dict = {}
@@ -69,7 +69,6 @@ def evaluate(
     _print_result(problem, result, as_json)
 
 
-@app.command()
 def judge(
     problem: str = typer.Argument(..., help="ahc039 or ahc058"),
     input: str = typer.Argument(..., help="an input file, or the number of a public case (0-149)"),
@@ -126,7 +125,6 @@ _CONSTRUCTION_HELP = (
 )
 
 
-@app.command()
 def verify(
     problem: str = typer.Argument(..., help="problem id"),
     file: Path = typer.Argument(..., help=_CONSTRUCTION_HELP),
@@ -138,7 +136,6 @@ def verify(
     _print_result(problem, p.verify(_read_construction(file)), as_json)
 
 
-@app.command()
 def plot(
     problem: str = typer.Argument(..., help="problem id (erdos, ac1, ac2, circles-26, circles-32)"),
     file: Path = typer.Argument(..., help=_CONSTRUCTION_HELP),
