@@ -66,7 +66,7 @@ def evaluate(
             result = p.evaluate(candidate, None, box)
         except SessionError as err:  # the sandbox cannot work here (no compiler): not the candidate's fault
             fail(f"the {box.name} sandbox cannot evaluate {problem}: {err}")
-    _print_result(problem, result, as_json)
+    _print_result(problem, p, result, as_json)
 
 
 def judge(
@@ -133,7 +133,7 @@ def verify(
 ) -> None:
     """Certify a construction given as data (no code runs)."""
     p = _load_problem(problem, **({} if tolerance is None else {"tolerance": tolerance}))
-    _print_result(problem, p.verify(_read_construction(file)), as_json)
+    _print_result(problem, p, p.verify(_read_construction(file)), as_json)
 
 
 def plot(
@@ -161,38 +161,41 @@ def _read_construction(file: Path):
         fail(f"{file} is not valid JSON: {err}")
 
 
-def _print_result(problem: str, result, as_json: bool) -> None:
+def _is_table(value) -> bool:
+    """A metric that is a table (a list of rows, e.g. the AtCoder problems' per-case results)."""
+    return isinstance(value, list) and bool(value) and all(isinstance(r, dict) for r in value)
+
+
+def _print_result(name: str, problem, result, as_json: bool) -> None:
+    """The verdict: its reward, the problem's summary metrics (`summary_metrics`), its reason, and
+    its other metrics; a table-valued metric is printed as a table (text) or kept at the top level
+    under its name (JSON)."""
+
     def clean(x):
         return x if not isinstance(x, float) or math.isfinite(x) else None
 
-    cases = result.metrics.get("cases")  # the AtCoder problems: one summary per case
+    summary = {k: clean(v) for k, v in problem.summary_metrics(result).items()}
+    tables = {k: v for k, v in result.metrics.items() if _is_table(v)}
     out = {
-        "problem": problem,
+        "problem": name,
         "valid": result.valid,
         "reward": clean(result.reward),
-        "bound": clean(result.metrics.get("bound")),
+        **summary,
         "reason": result.reason,
-        "metrics": {k: clean(v) for k, v in result.metrics.items() if k != "cases"},
+        "metrics": {k: clean(v) for k, v in result.metrics.items() if k not in tables},
+        **tables,
     }
-    if cases is not None:
-        out["cases_passed"] = result.metrics["cases_passed"]
-        out["cases"] = cases
     if as_json:
         typer.echo(json.dumps(out))
     else:
-        if cases:
-            from evaluators.markdown import markdown_table
+        from evaluators.markdown import markdown_table
 
-            typer.echo(markdown_table(cases, ["case", "verdict", "score", "cpu_s", "peak_mb", "reason"]), nl=False)
-            typer.echo(f"{result.metrics['cases_passed']}/{result.metrics['cases_total']} cases accepted")
+        for rows in tables.values():
+            typer.echo(markdown_table(rows), nl=False)
+        figures = ", ".join(f"{k} {v:.9g}" if isinstance(v, float) else f"{k} {v}" for k, v in summary.items())
         if result.valid:
-            bound = f", bound {out['bound']:.9g}" if out["bound"] is not None else ""
-            if "tolerance" in result.metrics:
-                bound += f", tolerance {result.metrics['tolerance']:g}"
-            if cases is not None:
-                bound += f", mean case score {result.metrics['mean_score']:.1f}"
-            typer.echo(f"valid: reward {result.reward:.9g}{bound}")
+            typer.echo(f"valid: reward {result.reward:.9g}" + (f", {figures}" if figures else ""))
         else:
-            typer.echo(f"invalid: {result.reason}")
+            typer.echo(f"invalid: {result.reason}" + (f" ({figures})" if figures else ""))
     if not result.valid:
         raise typer.Exit(1)
