@@ -29,7 +29,7 @@ def evaluate(
     problem: str = typer.Argument(..., help="problem id"),
     file: Path = typer.Argument(..., help="a candidate program (or, for data problems, the answer text)"),
     as_json: bool = typer.Option(False, "--json", help="print reward and reason as JSON"),
-    sandbox: str = typer.Option("auto", "--sandbox", help="process, docker or auto"),
+    sandbox: str = typer.Option("auto", "--sandbox", help=f"the sandbox backend: {', '.join(BACKENDS)}"),
     timeout: Optional[float] = typer.Option(None, "--timeout", min=0.001, help="seconds; overrides the problem's time limit"),
     memory_mb: Optional[int] = typer.Option(None, "--memory-mb", min=16, help="MB; overrides the problem's memory limit"),
     cases: Optional[str] = typer.Option(None, "--cases", help="AtCoder problems: the public cases to run, e.g. 0-9 or 0,5,7-9 (default all 150)"),
