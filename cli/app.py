@@ -14,9 +14,10 @@ from typing import Optional
 
 import typer
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Test-time training to discover, on your own machines.")
+from cli import operations, problems
+from cli.output import fail
 
-SANDBOXES = ("auto", "process", "docker")
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Test-time training to discover, on your own machines.")
 
 
 def _setup_logging(verbose: bool) -> None:
@@ -29,11 +30,6 @@ def _setup_logging(verbose: bool) -> None:
     log.handlers[:] = [handler]
     log.setLevel(logging.INFO)
     log.propagate = False
-
-
-def fail(message: str, code: int = 2) -> None:
-    typer.secho(f"error: {message}", err=True, fg=typer.colors.RED)
-    raise typer.Exit(code)
 
 
 @app.command()
@@ -130,4 +126,7 @@ def config_doc() -> None:
     typer.echo(reference_markdown(), nl=False)
 
 
-from cli import operations, problems  # noqa: E402,F401  (they register their commands on `app`)
+# The problem commands and the server operations are plain functions in their own modules; they are
+# registered here, in the order `discover --help` lists them.
+for _command in (problems.evaluate, problems.judge, problems.verify, problems.plot, operations.setup, operations.crashed):
+    app.command()(_command)

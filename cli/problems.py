@@ -1,5 +1,5 @@
 """Problem commands of `discover`: evaluate a candidate, verify a construction, plot it, judge one
-contest output."""
+contest output. Plain functions, registered as commands by cli/app.py."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from typing import Optional
 
 import typer
 
-from cli.app import SANDBOXES, app, fail
+from cli.output import fail
+from evaluators.sandbox import BACKENDS
 
 
 def _load_problem(problem: str, **options):
@@ -24,12 +25,11 @@ def _load_problem(problem: str, **options):
         fail(str(err))
 
 
-@app.command()
 def evaluate(
     problem: str = typer.Argument(..., help="problem id"),
     file: Path = typer.Argument(..., help="a candidate program (or, for data problems, the answer text)"),
     as_json: bool = typer.Option(False, "--json", help="print reward and reason as JSON"),
-    sandbox: str = typer.Option("auto", "--sandbox", help="process, docker or auto"),
+    sandbox: str = typer.Option("auto", "--sandbox", help=f"the sandbox backend: {', '.join(BACKENDS)}"),
     timeout: Optional[float] = typer.Option(None, "--timeout", min=0.001, help="seconds; overrides the problem's time limit"),
     memory_mb: Optional[int] = typer.Option(None, "--memory-mb", min=16, help="MB; overrides the problem's memory limit"),
     cases: Optional[str] = typer.Option(None, "--cases", help="AtCoder problems: the public cases to run, e.g. 0-9 or 0,5,7-9 (default all 150)"),
@@ -40,8 +40,8 @@ def evaluate(
     from evaluators.base import EvalResult
     from evaluators.sandbox import sandbox_for
 
-    if sandbox not in SANDBOXES:
-        fail(f"--sandbox must be one of {', '.join(SANDBOXES)}, got {sandbox!r}")
+    if sandbox not in BACKENDS:
+        fail(f"--sandbox must be one of {', '.join(BACKENDS)}, got {sandbox!r}")
     if not file.is_file():
         fail(f"no such file: {file}")
     options: dict = {}
@@ -66,10 +66,9 @@ def evaluate(
             result = p.evaluate(candidate, None, box)
         except SessionError as err:  # the sandbox cannot work here (no compiler): not the candidate's fault
             fail(f"the {box.name} sandbox cannot evaluate {problem}: {err}")
-    _print_result(problem, result, as_json)
+    _print_result(problem, p, result, as_json)
 
 
-@app.command()
 def judge(
     problem: str = typer.Argument(..., help="ahc039 or ahc058"),
     input: str = typer.Argument(..., help="an input file, or the number of a public case (0-149)"),
@@ -126,7 +125,6 @@ _CONSTRUCTION_HELP = (
 )
 
 
-@app.command()
 def verify(
     problem: str = typer.Argument(..., help="problem id"),
     file: Path = typer.Argument(..., help=_CONSTRUCTION_HELP),
@@ -135,10 +133,9 @@ def verify(
 ) -> None:
     """Certify a construction given as data (no code runs)."""
     p = _load_problem(problem, **({} if tolerance is None else {"tolerance": tolerance}))
-    _print_result(problem, p.verify(_read_construction(file)), as_json)
+    _print_result(problem, p, p.verify(_read_construction(file)), as_json)
 
 
-@app.command()
 def plot(
     problem: str = typer.Argument(..., help="problem id (erdos, ac1, ac2, circles-26, circles-32)"),
     file: Path = typer.Argument(..., help=_CONSTRUCTION_HELP),
@@ -164,38 +161,41 @@ def _read_construction(file: Path):
         fail(f"{file} is not valid JSON: {err}")
 
 
-def _print_result(problem: str, result, as_json: bool) -> None:
+def _is_table(value) -> bool:
+    """A metric that is a table (a list of rows, e.g. the AtCoder problems' per-case results)."""
+    return isinstance(value, list) and bool(value) and all(isinstance(r, dict) for r in value)
+
+
+def _print_result(name: str, problem, result, as_json: bool) -> None:
+    """The verdict: its reward, the problem's summary metrics (`summary_metrics`), its reason, and
+    its other metrics; a table-valued metric is printed as a table (text) or kept at the top level
+    under its name (JSON)."""
+
     def clean(x):
         return x if not isinstance(x, float) or math.isfinite(x) else None
 
-    cases = result.metrics.get("cases")  # the AtCoder problems: one summary per case
+    summary = {k: clean(v) for k, v in problem.summary_metrics(result).items()}
+    tables = {k: v for k, v in result.metrics.items() if _is_table(v)}
     out = {
-        "problem": problem,
+        "problem": name,
         "valid": result.valid,
         "reward": clean(result.reward),
-        "bound": clean(result.metrics.get("bound")),
+        **summary,
         "reason": result.reason,
-        "metrics": {k: clean(v) for k, v in result.metrics.items() if k != "cases"},
+        "metrics": {k: clean(v) for k, v in result.metrics.items() if k not in tables},
+        **tables,
     }
-    if cases is not None:
-        out["cases_passed"] = result.metrics["cases_passed"]
-        out["cases"] = cases
     if as_json:
         typer.echo(json.dumps(out))
     else:
-        if cases:
-            from evaluators.markdown import markdown_table
+        from evaluators.markdown import markdown_table
 
-            typer.echo(markdown_table(cases, ["case", "verdict", "score", "cpu_s", "peak_mb", "reason"]), nl=False)
-            typer.echo(f"{result.metrics['cases_passed']}/{result.metrics['cases_total']} cases accepted")
+        for rows in tables.values():
+            typer.echo(markdown_table(rows), nl=False)
+        figures = ", ".join(f"{k} {v:.9g}" if isinstance(v, float) else f"{k} {v}" for k, v in summary.items())
         if result.valid:
-            bound = f", bound {out['bound']:.9g}" if out["bound"] is not None else ""
-            if "tolerance" in result.metrics:
-                bound += f", tolerance {result.metrics['tolerance']:g}"
-            if cases is not None:
-                bound += f", mean case score {result.metrics['mean_score']:.1f}"
-            typer.echo(f"valid: reward {result.reward:.9g}{bound}")
+            typer.echo(f"valid: reward {result.reward:.9g}" + (f", {figures}" if figures else ""))
         else:
-            typer.echo(f"invalid: {result.reason}")
+            typer.echo(f"invalid: {result.reason}" + (f" ({figures})" if figures else ""))
     if not result.valid:
         raise typer.Exit(1)

@@ -1,9 +1,10 @@
 """What can be checked about a run configuration before anything is written or loaded.
 
 `discover run` calls `preflight` before the run directory exists, so a configuration that cannot
-work (a model that is neither a local directory nor a valid hub id, bad problem options, a seeds
-file that is missing, a Docker sandbox without its image) fails with one line and leaves nothing
-behind to confuse the corrected run.
+work (a model that is neither a local directory nor a valid hub id, bad problem options, a Docker
+sandbox without its image, and whatever the problem's own `preflight` names: a seeds file that is
+missing, no compiler) fails with one line and leaves nothing behind to confuse the corrected run.
+The checks here know no problem by name (docs/architecture.md, "Problem hooks").
 """
 
 from __future__ import annotations
@@ -68,20 +69,12 @@ def preflight(config: RunConfig) -> None:
         raise PreflightError(str(err.args[0])) from None
     except (ValueError, TypeError) as err:
         raise PreflightError(f"problem_options: {err}") from None
-    for option in ("seeds_file", "initial_program"):  # files a problem reads when the run starts
-        path = config.problem_options.get(option)
-        if path and not Path(path).expanduser().is_file():
-            raise PreflightError(f"problem_options.{option} {path!r} does not exist (relative paths are taken from {Path.cwd()})")
     if problem.needs_sandbox and config.sandbox.backend == "docker":
         from evaluators.sandbox import docker_unavailable
 
         why = docker_unavailable(problem.image)
         if why:
             raise PreflightError(f"sandbox.backend 'docker' cannot run {problem.name} here: {why}; or set sandbox.backend: process")
-    if problem.needs_sandbox and problem.image == "cpp20" and config.sandbox.backend != "docker":
-        import shutil
-
-        from evaluators.sandbox import docker_unavailable
-
-        if shutil.which("g++") is None and (config.sandbox.backend == "process" or docker_unavailable("cpp20")):
-            raise PreflightError(f"{problem.name} compiles C++ and the process backend needs g++ here: install it, or use sandbox.backend: docker with the cpp20 image")
+    problems = problem.preflight(config.sandbox.backend)
+    if problems:
+        raise PreflightError(problems[0])

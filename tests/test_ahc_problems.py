@@ -116,5 +116,33 @@ def test_discover_evaluate_prints_the_per_case_summary(tmp_path: Path) -> None:
     assert out["valid"] and out["cases_passed"] == 3 and [c["case"] for c in out["cases"]] == [0, 1, 2]
     assert out["reward"] == pytest.approx(sum(c["score"] for c in out["cases"]) / 3 / 1500)
     assert set(out["cases"][0]) == {"case", "verdict", "score", "cpu_s", "peak_mb", "reason"}
+    assert out["cases_total"] == 3 and out["mean_score"] == pytest.approx(out["reward"] * 1500)
     refused = CliRunner().invoke(app, ["evaluate", "erdos", str(program), "--cases", "0-2"])
     assert refused.exit_code == 2 and "apply to the AtCoder problems" in refused.output
+    text = CliRunner().invoke(app, ["evaluate", "ahc039", str(program), "--cases", "0-2", "--sandbox", "process"]).output
+    assert "| case | verdict | score | cpu_s | peak_mb | reason |" in text and "cases_passed 3, cases_total 3, mean_score" in text
+
+
+def test_the_report_shows_the_best_programs_cases() -> None:
+    """The AtCoder problems' report section: the best state's construction, case by case."""
+    from types import SimpleNamespace
+
+    p = get_problem("ahc039")
+    cases = [[0, "AC", 1200, 0.5, 10.0], [1, "WA", 0, 0.25, 12.5]]
+    best = SimpleNamespace(id="abc", reward=0.4, step=3, is_seed=False, code="", construction={"cases": cases})
+    seed = SimpleNamespace(id="s", reward=0.0, step=0, is_seed=True, code="", construction=None)
+    [section] = p.report_sections([best, seed])
+    assert section.title == "Per-case results of the best program"
+    assert section.columns == ("case", "verdict", "score", "cpu_s", "peak_mb")
+    assert section.rows[1] == {"case": 1, "verdict": "WA", "score": 0, "cpu_s": 0.25, "peak_mb": 12.5}
+    assert "State `abc` (reward 0.4, step 3): 1/2 cases accepted, mean case score 600.0 (min 0, max 1200)" in section.text
+    assert p.report_sections([seed]) == [] and p.report_sections([]) == []
+
+
+def test_summary_metrics_are_cases_and_mean_score() -> None:
+    from evaluators.base import EvalResult
+
+    p = get_problem("ahc058")
+    verdict = EvalResult(reward=1.0, valid=True, metrics={"cases_passed": 2, "cases_run": 2, "cases_total": 2, "mean_score": 5.0, "cases": []})
+    assert p.summary_metrics(verdict) == {"cases_passed": 2.0, "cases_total": 2.0, "mean_score": 5.0}
+    assert p.summary_metrics(EvalResult.invalid("compile error")) == {}

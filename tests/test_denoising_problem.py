@@ -76,3 +76,20 @@ def test_verify_scores_a_denoised_matrix_given_as_data() -> None:
     assert not p.verify(split.train.tolist()).valid  # no denoising: rejected by the Poisson range
     assert "list of rows" in p.verify({"mse": 0.1}).reason
     assert "rectangular" in p.verify([[1.0, 2.0], [3.0]]).reason
+
+
+def test_the_report_section_sets_the_best_program_against_the_baselines() -> None:
+    from types import SimpleNamespace
+
+    p = DenoisingProblem()
+    metrics = {"mse": 3.1664, "poisson": 0.0923, "mse_normalized": 0.0705, "poisson_normalized": 0.991, "score": 0.5307}
+    best = SimpleNamespace(id="b", reward=1 / 3.1664, step=2, is_seed=False, code="", construction=metrics)
+    seed = SimpleNamespace(id="s", reward=0.3, step=0, is_seed=True, code="", construction=dict(metrics, mse=3.3))
+    [section] = p.report_sections([best, seed])
+    assert section.title == "Denoising: the best program against the baselines"
+    assert section.columns[:3] == ("method", "MSE", "Poisson")
+    methods = [r["method"] for r in section.rows]
+    assert methods[:2] == ["best state b (step 2)", "MAGIC seed s"] and any(m.startswith("ALRA") for m in methods)
+    assert section.rows[0]["MSE"] == 3.1664 and "Published scores on PBMC 1k" in section.text
+    assert p.summary_metrics(p.verify({"mse": 1.0})) == {}
+    assert p.summary_metrics(type("R", (), {"metrics": metrics})()) == {"mse": 3.1664, "poisson": 0.0923, "score": 0.5307}

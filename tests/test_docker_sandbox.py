@@ -78,7 +78,7 @@ def test_verdicts_agree_with_the_process_backend():
             b = problem.evaluate(program, parent, box)
             assert (a.valid, a.reward, a.construction) == (b.valid, b.reward, b.construction), name
             if a.valid:
-                assert a.logs == b.logs, name
+                assert a.observation == b.observation, name
             if not a.valid:  # both give a reason of the same kind
                 assert a.reason.split(":")[0].split(" ")[0] == b.reason.split(":")[0].split(" ")[0], (name, a.reason, b.reason)
     finally:

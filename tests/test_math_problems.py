@@ -193,3 +193,25 @@ def test_plot_refuses_invalid_constructions_and_problems_without_plots(tmp_path:
     assert bad.exit_code == 1 and "negative" in bad.output and not out.exists()
     toy = runner.invoke(app, ["plot", "toy", str(data), "-o", str(out)])
     assert toy.exit_code == 2 and "no plot" in toy.output
+
+
+def test_summary_metrics_are_the_bound_and_the_circles_tolerance(tmp_path: Path) -> None:
+    erdos = get_problem("erdos").verify([0.5] * 10)
+    assert get_problem("erdos").summary_metrics(erdos) == {"bound": pytest.approx(erdos.metrics["bound"])}
+    packing = [[0.5, 0.5, 0.01]] + [[0.05 + 0.035 * i, 0.05, 0.01] for i in range(25)]
+    circles = get_problem("circles-26", tolerance=1e-6)
+    assert circles.summary_metrics(circles.verify(packing)) == {
+        "bound": pytest.approx(0.26), "tolerance": 1e-6,
+    }
+    for name in ("erdos", "ac1", "ac2", "circles-26"):
+        assert get_problem(name).summary_metrics(get_problem(name).verify("nonsense")) == {}
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(packing))
+    assert "valid: reward 0.26, bound 0.26, tolerance 0\n" in CliRunner().invoke(app, ["verify", "circles-26", str(path)]).output
+
+
+def test_a_missing_seeds_file_is_the_problems_own_preflight() -> None:
+    assert get_problem("erdos", seeds_file="/nonexistent/seeds.json").preflight("process") == [
+        f"problem_options.seeds_file '/nonexistent/seeds.json' does not exist (relative paths are taken from {Path.cwd()})"
+    ]
+    assert get_problem("erdos").preflight("docker") == []

@@ -19,17 +19,19 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import shutil
 import string
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
 from evaluators.algorithms.cases import public_inputs, select_cases
 from evaluators.algorithms.judging import Judgement
-from evaluators.base import BaseProblem, EvalResult, ParentView, SeedState
+from evaluators.base import ArchivedState, BaseProblem, EvalResult, ParentView, ReportSection, SeedState
+from evaluators.options import missing_file
 from evaluators.parsing import last_fenced_block, normalize_code
 from evaluators.sandbox.base import SandboxLimits
 from evaluators.sandbox.native import CaseRun, NativeLimits
@@ -101,10 +103,10 @@ class AtCoderProblem(BaseProblem):
     def seeds(self, rng: np.random.Generator, count: int) -> list[SeedState]:
         """`count` copies of the initial program (the option's file, else the built-in one, else none)."""
         if self.initial_program:
-            path = Path(self.initial_program).expanduser()
-            if not path.is_file():
-                raise ValueError(f"problem_options.initial_program {self.initial_program!r} does not exist")
-            code = path.read_text(encoding="utf-8")
+            missing = missing_file("initial_program", self.initial_program)
+            if missing:
+                raise ValueError(missing[0])
+            code = Path(self.initial_program).expanduser().read_text(encoding="utf-8")
         elif self.builtin_program:
             code = (HERE / "programs" / self.builtin_program).read_text(encoding="utf-8")
         else:
@@ -122,6 +124,49 @@ class AtCoderProblem(BaseProblem):
             f"{self.name} states are C++ programs and their results cannot be checked from data; "
             f"score one with `discover evaluate {self.name} PROGRAM.cpp`"
         )
+
+    # -- what the run and the CLI ask ---------------------------------------------------------------
+
+    def preflight(self, sandbox_backend: str) -> list[str]:
+        """The initial program's file exists; the process backend (or 'auto' without the cpp20
+        image) has a C++ compiler here."""
+        problems = missing_file("initial_program", self.initial_program)
+        if sandbox_backend != "docker" and shutil.which("g++") is None:
+            from evaluators.sandbox import docker_unavailable
+
+            if sandbox_backend == "process" or docker_unavailable(self.image):
+                problems.append(
+                    f"{self.name} compiles C++ and the process backend needs g++ here: install it, "
+                    f"or use sandbox.backend: docker with the {self.image} image"
+                )
+        return problems
+
+    def summary_metrics(self, result: EvalResult) -> dict[str, float]:
+        """Cases accepted, cases selected, and the mean case score (0 unless every case passed)."""
+        m = result.metrics
+        if "cases_total" not in m:
+            return {}  # a program that did not compile
+        return {"cases_passed": float(m["cases_passed"]), "cases_total": float(m["cases_total"]), "mean_score": float(m["mean_score"])}
+
+    def report_sections(self, states: Sequence[ArchivedState]) -> list[ReportSection]:
+        """The best state's results case by case (its construction {"cases": [[case, verdict,
+        score, cpu_s, peak_mb], ...]})."""
+        if not states:
+            return []
+        best = states[0]
+        table = best.construction.get("cases") if isinstance(best.construction, dict) else None
+        if not table:
+            return []
+        columns = ("case", "verdict", "score", "cpu_s", "peak_mb")
+        rows = [dict(zip(columns, r)) for r in table]
+        scores = [r["score"] for r in rows]
+        text = (
+            f"State `{best.id}` (reward {best.reward:.6g}{', a seed' if best.is_seed else f', step {best.step}'}): "
+            f"{sum(r['verdict'] == 'AC' for r in rows)}/{len(rows)} cases accepted, mean case score "
+            f"{float(np.mean(scores)):.1f} (min {min(scores)}, max {max(scores)}); cpu_s is CPU seconds, peak_mb the peak "
+            "resident memory."
+        )
+        return [ReportSection(title="Per-case results of the best program", text=text, rows=rows, columns=columns)]
 
     # -- judging -----------------------------------------------------------------------------------
 

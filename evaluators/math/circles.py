@@ -107,6 +107,12 @@ class CirclePackingProblem(MathProblem):
             metrics={"bound": total, "circles": self.n, "tolerance": self.tolerance},
         )
 
+    def summary_metrics(self, result: EvalResult) -> dict[str, float]:
+        """The sum of radii (the certified bound, as `bound`) and the tolerance it was checked with."""
+        if "bound" not in result.metrics:
+            return {}
+        return {"bound": float(result.metrics["bound"]), "tolerance": float(result.metrics["tolerance"])}
+
     def random_construction(self, rng: np.random.Generator) -> list[list[float]]:
         # Ours (SPEC §5 gives none): n centres uniform in [0.1, 0.9]^2, each radius the largest
         # that keeps the circle inside the square and within half the distance to the nearest

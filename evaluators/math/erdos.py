@@ -75,7 +75,8 @@ class ErdosProblem(SequenceProblem):
 
         result = self.verify(construction)
         if result.valid:
-            plot_erdos(rescale(np.asarray(result.construction)), result.metrics["bound"], path)
+            h = rescale(np.asarray(result.construction))
+            plot_erdos(h, overlap_function(h), result.metrics["bound"], path)
         return result
 
     def describe(self, limits: SandboxLimits) -> str:

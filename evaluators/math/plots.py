@@ -10,18 +10,17 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from evaluators.math.autoconvolution import autoconvolution  # noqa: E402
-from evaluators.math.erdos import overlap_function  # noqa: E402
 
 _TITLES = {"ac1": "first autocorrelation inequality", "ac2": "second autocorrelation inequality"}
 
 
-def plot_erdos(h: np.ndarray, bound: float, path: str) -> None:
-    """h on [0, 2] (rescaled to integral 1) and its overlap (h ⋆ (1 - h))(x) whose max is the bound."""
+def plot_erdos(h: np.ndarray, overlap: np.ndarray, bound: float, path: str) -> None:
+    """h on [0, 2] (rescaled to integral 1) and its overlap (h ⋆ (1 - h))(x) at every shift (the
+    caller's `overlap_function(h)`), whose max is the bound."""
     n = len(h)
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), constrained_layout=True)
     top.stairs(h, np.linspace(0.0, 2.0, n + 1), fill=True, alpha=0.6)
     top.set(xlim=(0, 2), ylim=(0, 1.05), xlabel="x", ylabel="h(x)", title=f"Erdős minimum overlap: h, {n} pieces")
-    overlap = overlap_function(h)
     shifts = np.arange(-(n - 1), n) * (2.0 / n)
     bottom.plot(shifts, overlap, lw=1)
     bottom.axhline(bound, color="C3", ls="--", lw=1, label=f"bound {bound:.8f}")

@@ -15,6 +15,7 @@ import numpy as np
 from evaluators.base import BaseProblem, EvalResult, ParentView, SeedState
 from evaluators.math.seeds_file import load_seed_constructions, nesting_depth
 from evaluators.math.sequence import summarize_sequence
+from evaluators.options import missing_file
 from evaluators.parsing import last_fenced_block
 from evaluators.sandbox.base import SandboxLimits
 
@@ -107,6 +108,10 @@ class MathProblem(BaseProblem):
             parts.append(f"Construction: none usable ({result.reason}).")
         return "\n\n".join(parts)
 
+    def preflight(self, sandbox_backend: str) -> list[str]:
+        """The seeds file, if one is set, exists (it is read only when the run starts)."""
+        return missing_file("seeds_file", self.seeds_file)
+
     def _load_seeds(self, path: str) -> list[Any]:
         constructions = []
         for i, data in enumerate(load_seed_constructions(path, self.is_one_construction)):
@@ -121,6 +126,10 @@ class SequenceProblem(MathProblem):
     """Base of the problems whose construction is one sequence of values (Erdős, AC1, AC2)."""
 
     list_in_prompt = 200  # states with at most this many pieces show all values in the context
+
+    def summary_metrics(self, result: EvalResult) -> dict[str, float]:
+        """The certified bound (the reward is its inverse or, for AC2, itself)."""
+        return {"bound": float(result.metrics["bound"])} if "bound" in result.metrics else {}
 
     def is_one_construction(self, data: Any) -> bool:
         return isinstance(data, dict) or nesting_depth(data) == 1

@@ -58,6 +58,7 @@ from evaluators.sandbox.docker_engine import (  # noqa: F401  (re-exported: test
     LABEL,
     OWNER_LABEL,
     REPOSITORY,
+    START_TIMEOUT_S,
     _client,
     _owner,
     engine_answers,
@@ -74,7 +75,6 @@ TMPFS_MB = 256  # /tmp, charged to the container's memory limit
 SHM_MB = 16
 HEADROOM_MB = 128  # container memory on top of the candidate's limit (runner, keeper, page cache)
 BACKSTOP_S = 15.0  # the host kills the container this long after the timeout
-START_TIMEOUT_S = 60.0
 
 
 RUNNER = Path(__file__).with_name("docker_runner.py").read_text(encoding="utf-8")  # see its docstring

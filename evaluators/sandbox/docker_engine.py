@@ -13,6 +13,7 @@ from pathlib import Path
 REPOSITORY = "discover"
 LABEL = "discover.sandbox"  # every container this backend starts carries it
 OWNER_LABEL = "discover.sandbox.owner"  # "<hostname>:<pid>:<process start time>"
+START_TIMEOUT_S = 60.0  # seconds a container may take to start and answer
 
 
 def image_ref(name: str) -> str:

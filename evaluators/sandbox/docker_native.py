@@ -28,8 +28,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from evaluators.sandbox.docker import START_TIMEOUT_S
-from evaluators.sandbox.docker_engine import LABEL, OWNER_LABEL, locked_down_host_config, recv_frame
+from evaluators.sandbox.docker_engine import LABEL, OWNER_LABEL, START_TIMEOUT_S, locked_down_host_config, recv_frame
 from evaluators.sandbox.native import RUNNER, NativeLimits, ReplyReader, SessionError, message
 
 RUNNER_TEXT = RUNNER.read_text(encoding="utf-8")

@@ -109,5 +109,9 @@ class DigitsProblem(BaseProblem):
             metrics={"digits": float(len(digits)), "exact": float((distance == 0).sum())},
         )
 
+    def summary_metrics(self, result: EvalResult) -> dict[str, float]:
+        """How many digits the answer has and how many of them are exactly right."""
+        return {k: float(result.metrics[k]) for k in ("digits", "exact") if k in result.metrics}
+
     def render_state(self, code: str, construction: Any) -> str:
         return f"Current string: {construction}"

@@ -32,13 +32,15 @@ import threading
 import warnings
 import weakref
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
-from evaluators.base import BaseProblem, EvalResult, ParentView, SeedState
+from evaluators.base import ArchivedState, BaseProblem, EvalResult, ParentView, ReportSection, SeedState
 from evaluators.bio.denoising.counts import OFFLINE_DEFAULT, check_source, load_counts
 from evaluators.bio.denoising.metrics import Baselines, judge
+from evaluators.bio.denoising.report import report_sections as baseline_sections
+from evaluators.bio.denoising.sources import CANDIDATE_ENTRY, PROGRAMS, program  # noqa: F401  (PROGRAMS, program: re-exported)
 from evaluators.bio.denoising.split import DEFAULT_SEED, Split, split_molecules
 from evaluators.bio.denoising.text import describe
 from evaluators.parsing import last_fenced_block, normalize_code
@@ -47,17 +49,10 @@ from evaluators.sandbox.base import SandboxLimits
 # App. E: "the memory limit is increased to 3GB ... we reduce the time limits for the execution to
 # 400 seconds"; 1 CPU as the released launcher's num_cpus_per_task=1.
 PAPER_LIMITS = {"timeout_s": 400.0, "memory_mb": 3072, "cpus": 1}
-CANDIDATE_ENTRY = "magic_denoise"  # what every candidate defines (the released code's name)
 DRIVER_ENTRY = "denoise"  # driver.py's function the sandbox calls
 DRIVER = Path(__file__).with_name("driver.py").read_text(encoding="utf-8")
-PROGRAMS = Path(__file__).with_name("programs")  # the MAGIC seed and the ALRA baseline, as candidates
 TRAIN_FILE = "train.npy"
 _process_warned = False
-
-
-def program(name: str) -> str:
-    """The source of a program in programs/ ("magic" or "alra")."""
-    return (PROGRAMS / f"{name}.py").read_text(encoding="utf-8")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,11 +201,13 @@ class DenoisingProblem(BaseProblem):
         """States are programs: equal up to comments and whitespace (SPEC §5a), whatever their metrics."""
         return hashlib.sha256(("code:" + normalize_code(code)).encode()).hexdigest()
 
-    def report_section(self, states: list[dict[str, Any]]) -> list[str]:
+    def report_sections(self, states: Sequence[ArchivedState]) -> list[ReportSection]:
         """The best program's MSE, Poisson and score against the baselines (report.py)."""
-        from evaluators.bio.denoising.report import report_lines
+        return baseline_sections(self.prepared(), states)
 
-        return report_lines(self, states)
+    def summary_metrics(self, result: EvalResult) -> dict[str, float]:
+        """MSE, Poisson and score of a valid verdict (OpenProblems v1's figures)."""
+        return {k: float(result.metrics[k]) for k in ("mse", "poisson", "score") if k in result.metrics}
 
     def _run_limits(self, split: Split) -> SandboxLimits:
         """The limits, with room for the returned matrix (its .npy bytes in base64, any 8-byte

@@ -7,26 +7,20 @@ in their states); ALRA is our own code and runs here, in this process, on the tr
 
 from __future__ import annotations
 
-import importlib.util
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
+from evaluators.base import ArchivedState, ReportSection
 from evaluators.bio.denoising.metrics import Baselines, judge
+from evaluators.bio.denoising.sources import run_program
 from evaluators.bio.denoising.split import Split
 
+__all__ = ["COLUMNS", "PUBLISHED", "TITLE", "baseline_rows", "report_sections", "row", "run_program"]
+
+TITLE = "Denoising: the best program against the baselines"
 COLUMNS = ("method", "MSE", "Poisson", "normalised MSE", "normalised Poisson", "score", "reward")
 PUBLISHED = "MAGIC (A, R) 0.64, ALRA (S, RN) 0.50, TTT-Discover 0.71"  # Table 7, PBMC 1k scores
-
-
-def run_program(name: str, split: Split) -> Any:
-    """Run one of programs/ (our own, trusted code) in this process on the train half."""
-    from evaluators.bio.denoising.problem import PROGRAMS
-
-    spec = importlib.util.spec_from_file_location(f"denoising_{name}", PROGRAMS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.magic_denoise(split.train.copy(), random_state=split.seed)
 
 
 def row(method: str, metrics: dict[str, float], reward: float | None) -> dict[str, Any]:
@@ -52,31 +46,25 @@ def baseline_rows(split: Split, baselines: Baselines) -> list[dict[str, Any]]:
     return rows
 
 
-def report_lines(problem: Any, states: list[dict[str, Any]]) -> list[str]:
-    """Markdown: the best state and the seed against the baselines of the run's split."""
-    from evaluators.markdown import markdown_table
-
-    prepared = problem.prepared()
-    scored = [s for s in states if isinstance(s.get("construction"), dict) and "mse" in s["construction"]]
+def report_sections(prepared: Any, states: Sequence[ArchivedState]) -> list[ReportSection]:
+    """The best state and the seed against the baselines of the run's split; `prepared` is the
+    problem's dataset ready to score on (problem.py `Prepared`: split, baselines, source)."""
+    scored = [s for s in states if isinstance(s.construction, dict) and "mse" in s.construction]
     rows = []
     if scored:
         best = scored[0]
-        rows.append(row(f"best state {best['id']} (step {best['step']})", best["construction"], best["reward"]))
-    for seed in (s for s in scored if s["is_seed"]):
+        rows.append(row(f"best state {best.id} (step {best.step})", best.construction, best.reward))
+    for seed in (s for s in scored if s.is_seed):
         if not rows or seed is not scored[0]:
-            rows.append(row(f"MAGIC seed {seed['id']}", seed["construction"], seed["reward"]))
+            rows.append(row(f"MAGIC seed {seed.id}", seed.construction, seed.reward))
     rows += baseline_rows(prepared.split, prepared.baselines)
     cells, genes = prepared.split.shape
-    return [
-        "## Denoising: the best program against the baselines",
-        "",
+    text = (
         f"Dataset {prepared.source}: {cells} cells x {genes} genes after filtering, split seed "
         f"{prepared.split.seed} (train {prepared.split.train_total:.0f} molecules, held out "
         f"{float(np.sum(prepared.split.test)):.0f}). Reward: 1 / MSE when the normalised Poisson is in "
-        "[0.97, 1], else 0. MSE and Poisson: lower is better; normalised values and score: higher.",
-        "",
-        markdown_table(rows, COLUMNS),
+        "[0.97, 1], else 0. MSE and Poisson: lower is better; normalised values and score: higher. "
         f"Published scores on PBMC 1k (method paper, Table 7): {PUBLISHED}; another dataset and size, "
-        "so compare the ordering, not the digits.",
-        "",
-    ]
+        "so compare the ordering, not the digits."
+    )
+    return [ReportSection(title=TITLE, text=text, rows=rows, columns=COLUMNS)]

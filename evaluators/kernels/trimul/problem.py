@@ -136,6 +136,10 @@ class TriMulProblem(BaseProblem):
 
     # -- evaluation ------------------------------------------------------------------------------
 
+    def summary_metrics(self, result: EvalResult) -> dict[str, float]:
+        """The geometric-mean runtime in µs on the benchmark shapes, when the kernel was timed."""
+        return {"geomean_us": float(result.metrics["geomean_us"])} if "geomean_us" in result.metrics else {}
+
     def declared_gpu_type(self) -> str | None:
         """The GPU type timings must come from: the pool's declaration, else the `gpu_type` option."""
         return os.environ.get(GPU_TYPE_ENV) or self.gpu_type
