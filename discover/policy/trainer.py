@@ -252,9 +252,6 @@ class LoRATrainer:
     def lora_parameters(self) -> list[torch.nn.Parameter]:
         return [p for _, p in self.model.named_parameters() if p.requires_grad]
 
-    def lora_parameters(self) -> list[torch.nn.Parameter]:
-        return [p for _, p in self.model.named_parameters() if p.requires_grad]
-
     def _pad_id(self) -> int:
         return self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
 

@@ -23,7 +23,7 @@ requests continuously (vLLM) has no barrier between the phases and evaluation ca
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Hashable, Iterator
+from typing import Callable, Iterator, cast
 
 import numpy as np
 
@@ -147,7 +147,8 @@ class _TwoPhase:
             for key in self.keys:
                 yield from self._start(key)
             while finished := self.engine.poll():
-                for (phase, key), out in finished:  # type: ignore[misc]  # the keys submitted below
+                for tagged, out in finished:
+                    phase, key = cast(tuple[str, Key], tagged)  # the keys submitted below
                     yield from self._finished(phase, key, out)
         finally:  # a consumer that stops early leaves nothing running in the engine
             self.engine.cancel()

@@ -149,7 +149,7 @@ class VLLMDecodeEngine:
         self._pending[rid] = (key, request.stop_token_ids)
 
     def poll(self) -> list[tuple[Hashable, PhaseOutput]]:
-        done = []
+        done: list[tuple[Hashable, PhaseOutput]] = []
         while self._pending and not done:
             if not self.engine.has_unfinished_requests():
                 raise RuntimeError(f"vLLM has no work left but {len(self._pending)} requests never finished")
