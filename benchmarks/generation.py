@@ -22,8 +22,7 @@ import time
 
 from gpu_common import NEEDS_GPU, gpu_name, has_cuda, has_vllm, random_model, table
 
-from discover.config import ModelConfig
-from discover.policy.base import GenerationSettings
+from discover.config import ModelConfig, SamplingConfig
 
 
 def _prompts(n: int, tokens: int) -> list[str]:
@@ -34,7 +33,7 @@ def _prompts(n: int, tokens: int) -> list[str]:
 def _measure(policy, prompts, k, settings) -> tuple[int, float]:
     import torch
 
-    policy.sample(prompts[:1], 1, GenerationSettings(context_tokens=settings.context_tokens, max_answer_tokens=8), seed=0)
+    policy.sample(prompts[:1], 1, SamplingConfig(context_tokens=settings.context_tokens, max_answer_tokens=8), seed=0)
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     out = policy.sample(prompts, k, settings, seed=1)
@@ -56,18 +55,18 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import torch
 
-    from discover.policy import load_policy, transformers_backend, vllm_engine
+    from discover.policy import load_policy, resident, vllm_engine
 
     path = random_model(args.shape, args.model)
     prompts = _prompts(args.prompts, args.prompt_tokens)
     context = args.prompt_tokens * 2 + args.new_tokens + 64
-    settings = GenerationSettings(context_tokens=context, thinking_budget=context, max_answer_tokens=args.new_tokens)
+    settings = SamplingConfig(context_tokens=context, thinking_budget=context, max_answer_tokens=args.new_tokens)
     common = dict(name=str(path), dtype="bfloat16", lora_rank=32, device="cuda:0")
 
     hf = load_policy(ModelConfig(backend="transformers", **common))
     hf_tokens, hf_s = _measure(hf, prompts, args.per_prompt, settings)
     del hf
-    transformers_backend._BASE_CACHE.clear()
+    resident.BASE_CACHE.clear()
     gc.collect()
     torch.cuda.empty_cache()
 

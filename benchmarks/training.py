@@ -4,7 +4,7 @@
                                   [--prompt-tokens 3000] [--min-completion 4000] [--max-completion 28000]
                                   [--micro-batch-tokens 32768] [--peak-tflops X]
 
-The step is the real one (`TransformersPolicy.train_step`: bf16 weights, float32 LoRA on every
+The step is the real one (`trainer.LoRATrainer.train_step`: bf16 weights, float32 LoRA on every
 linear layer at rank `--rank`, gradient checkpointing, token-budget micro-batches, the base
 model's forward for the KL term, one Adam step). Lengths follow the paper's accounting (prompt
 about 3000 tokens, completions 16000 on average: uniform in [min, max]); token ids are random.
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     import torch
 
-    from discover.policy.transformers_backend import TransformersPolicy
+    from discover.policy.trainer import LoRATrainer
 
     cpu = not has_cuda()
     if cpu:
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         name=str(path), dtype="float32" if cpu else "bfloat16", device="cpu" if cpu else "cuda:0",
         lora_rank=args.rank, micro_batch_tokens=args.micro_batch_tokens, gradient_checkpointing=True,
     )
-    policy = TransformersPolicy.load(model_cfg, seed=0)
+    policy = LoRATrainer.load(model_cfg, seed=0)
     cfg = policy.model.get_base_model().config
     comps = rollouts(args.rollouts, args.prompt_tokens, args.min_completion, args.max_completion, cfg.vocab_size)
     batch = TrainBatch(comps, [1.0 if i % 2 else -1.0 for i in range(len(comps))])

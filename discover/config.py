@@ -67,7 +67,7 @@ class ModelConfig(_Section):
     """The policy: which model, its LoRA adapter, and where generation and training run."""
 
     name: str = Field(EMBEDDED_MODEL, description="local path, hub id, 'tiny' (GPT-2) or 'tiny-qwen3' (Qwen3 architecture), both built offline")
-    backend: Literal["transformers", "vllm"] = Field("transformers", description="policy backend: 'transformers' (CPU or GPU) or 'vllm' (GPU generation; needs the gpu extra)")
+    backend: str = Field("transformers", description="policy backend: 'transformers' (CPU or GPU) or 'vllm' (GPU generation; needs the gpu extra)")
     lora_rank: int = Field(32, ge=1, description="LoRA rank (Table 9: 32)")
     lora_alpha: float | None = Field(None, gt=0, description="LoRA alpha; default: equal to the rank")
     target_modules: list[str] | str = Field("all-linear", description="modules that get LoRA")
@@ -80,6 +80,15 @@ class ModelConfig(_Section):
     training_devices: list[int] | None = Field(None, description="CUDA devices of the trainer (several: layers split across them); null: model.device")
     generation_memory_fraction: float | None = Field(None, gt=0, le=1, description="vllm: share of each generation GPU for vLLM; null: 0.45 if it shares a GPU with the trainer, else 0.9")
     sleep_while_training: bool = Field(False, description="vllm: free vLLM's GPU memory while training (off until shown identical on your GPU)")
+
+    @field_validator("backend")
+    @classmethod
+    def _known_backend(cls, v: str) -> str:
+        from discover.policy.registry import allowed_backends_message, backend_names
+
+        if v not in backend_names():
+            raise ValueError(allowed_backends_message())
+        return v
 
     @field_validator("generation_devices", "training_devices")
     @classmethod
@@ -151,6 +160,11 @@ class SamplingConfig(_Section):
     thinking_budget: int = Field(26000, ge=1, description="prompt + thinking tokens before forcing")
     max_answer_tokens: int | None = Field(None, ge=1, description="answer tokens; default: rest of context")
     think_end: str | None = Field(None, description="marker that closes thinking; null: no thinking phase")
+
+    @property
+    def answer_tokens(self) -> int:
+        """The answer phase's token budget: `max_answer_tokens`, by default the rest of the context."""
+        return self.max_answer_tokens or self.context_tokens
 
 
 class SandboxConfig(_Section):

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from discover.archive import Archive
-from discover.policy.base import Completion
+from discover.config import SamplingConfig
+from discover.policy.base import Completion, Policy
 from discover.records import Rollout, child_id
 from discover.run import read_rollouts
 
@@ -65,7 +66,7 @@ def slot_counts(k: int, greedy: int, neighbourhood: int, past: int) -> tuple[int
     return k - beta - gamma, beta, gamma
 
 
-def mixed_stream(policy, contexts: list[str], k: int, settings, seed: int, neighbourhood_seed: int,
+def mixed_stream(policy: Policy, contexts: list[str], k: int, sampling: SamplingConfig, seed: int, neighbourhood_seed: int,
                  past: list[Rollout], greedy: int, neighbourhood: int) -> Iterator[tuple[int, int, Completion]]:
     """(group, index, completion) for K slots a group: indices [0, alpha) on-policy, then beta greedy,
     then gamma neighbourhood completions (SPEC §6, MIGRATE's Algorithm 1), each yielded when ready."""
@@ -73,7 +74,7 @@ def mixed_stream(policy, contexts: list[str], k: int, settings, seed: int, neigh
 
     alpha, beta, gamma = slot_counts(k, greedy, neighbourhood, len(past))
     prompt_ids: dict[int, list[int]] = {}
-    for g, j, completion in policy.sample_stream(contexts, alpha, settings, seed):
+    for g, j, completion in policy.sample_stream(contexts, alpha, sampling, seed):
         prompt_ids.setdefault(g, completion.prompt_ids)
         yield g, j, completion
     extra: list[tuple[int, int, Completion]] = []
@@ -81,12 +82,12 @@ def mixed_stream(policy, contexts: list[str], k: int, settings, seed: int, neigh
         extra += [(g, alpha + b, reattach(past[b].completion(), prompt_ids[g])) for b in range(beta)]
     if gamma:
         prompts = [neighbourhood_prompt(c, [r.answer for r in past[: max(greedy, 1)]]) for c in contexts]
-        for g, j, completion in policy.sample_stream(prompts, gamma, settings, neighbourhood_seed):
+        for g, j, completion in policy.sample_stream(prompts, gamma, sampling, neighbourhood_seed):
             extra.append((g, alpha + beta + j, reattach(completion, prompt_ids[g])))
     if not extra:
         return
     with torch.no_grad():  # the current policy's log-probs of each re-attached completion under the group's prompt
-        logprobs = policy.sequence_logprobs([c for _, _, c in extra], temperature=settings.temperature)
+        logprobs = policy.sequence_logprobs([c for _, _, c in extra], temperature=sampling.temperature)
     for (g, j, c), lp in zip(extra, logprobs, strict=True):
         c.sampler_logprobs = [float(x) if m else 0.0 for x, m in zip(lp.tolist(), c.loss_mask, strict=True)]
         yield g, j, c

@@ -127,31 +127,24 @@ def generate(run_dir: Path, step: int, on_rollout: Callable[[Rollout], None] | N
     `on_rollout` sees each rollout as soon as the policy finishes it (discover/evaluation.py starts
     evaluating it there); the file written is the same with or without it, in (group, index) order.
     """
-    from discover.policy import GenerationSettings, load_policy
+    from discover.policy import load_policy
 
     run = Run.open(run_dir)
     config, inputs = run.config, run.reads("generate", step)
     parents = json.loads(inputs["parents"].read_text())["groups"]
     policy = load_policy(config.model, inputs["checkpoint"] / "adapter")
-    s = config.sampling
-    settings = GenerationSettings(
-        context_tokens=s.context_tokens,
-        thinking_budget=s.thinking_budget,
-        max_answer_tokens=s.max_answer_tokens or s.context_tokens,
-        temperature=s.temperature,
-        think_end=s.think_end,
-    )
+    sampling = config.sampling
     t0 = time.time()
     contexts = [g["context"] for g in parents]
     m = config.mixed
     if m.greedy or m.neighbourhood:  # SPEC §6, MIGRATE: slots from the best past completions and a neighbourhood prompt
         past = best_past_rollouts(load_archive(inputs["archive"]), run.layout.rollouts, max(m.greedy, 1))
         stream = mixed_stream(
-            policy, contexts, config.rollouts_per_group, settings, run.seed("generate", step),
+            policy, contexts, config.rollouts_per_group, sampling, run.seed("generate", step),
             run.seed("neighbourhood", step), past, m.greedy, m.neighbourhood,
         )
     else:
-        stream = policy.sample_stream(contexts, config.rollouts_per_group, settings, run.seed("generate", step))
+        stream = policy.sample_stream(contexts, config.rollouts_per_group, sampling, run.seed("generate", step))
     rollouts = []
     for g, k, completion in stream:
         rollout = Rollout.of(completion, group=parents[g]["group"], index=k, parent_id=parents[g]["parent_id"])

@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from discover.config import ModelConfig, load_config
-from discover.policy.base import GenerationSettings
-from discover.policy.chat_format import HARMONY_CLOSE, HARMONY_FINAL, ChatFormat, chat_format_for, detect_family
+from discover.config import ModelConfig, SamplingConfig, load_config
+from discover.policy.chat_format import FORCED_PHRASE, HARMONY_CLOSE, HARMONY_FINAL, ChatFormat, chat_format_for, detect_family
 
 PROMPT = "Improve the construction. Write the code."
 # A harmony-style template (gpt-oss's message framing), written for this test.
@@ -27,9 +26,9 @@ def cache(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def qwen3_policy(cache):
-    from discover.policy.transformers_backend import TransformersPolicy
+    from discover.policy import transformers_backend
 
-    return TransformersPolicy.load(ModelConfig(name="tiny-qwen3", lora_rank=4, device="cpu"))
+    return transformers_backend.load(ModelConfig(name="tiny-qwen3", lora_rank=4, device="cpu"))
 
 
 @pytest.fixture(scope="module")
@@ -53,21 +52,21 @@ def harmony_tokenizer(gpt2_tokenizer):
 
 def test_families_are_detected(qwen3_policy, gpt2_tokenizer, harmony_tokenizer):
     assert detect_family(gpt2_tokenizer) == "plain"
-    assert detect_family(qwen3_policy.tokenizer) == "think-tags"
+    assert detect_family(qwen3_policy.sampler.tokenizer) == "think-tags"
     assert detect_family(harmony_tokenizer) == "harmony"
 
 
 def test_qwen3_prompt_is_rendered_with_its_template(qwen3_policy):
-    tok = qwen3_policy.tokenizer
-    thinking = tok.decode(qwen3_policy.render_prompt(PROMPT, "</think>"))
+    tok = qwen3_policy.sampler.tokenizer
+    thinking = tok.decode(qwen3_policy.sampler.render_prompt(PROMPT, "</think>"))
     assert thinking == f"<|im_start|>user\n{PROMPT}<|im_end|>\n<|im_start|>assistant\n"
-    plain = tok.decode(qwen3_policy.render_prompt(PROMPT, None))  # no thinking phase: an empty block
+    plain = tok.decode(qwen3_policy.sampler.render_prompt(PROMPT, None))  # no thinking phase: an empty block
     assert plain.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
 
 
 def test_forced_text_closes_the_thinking_per_family(gpt2_tokenizer, harmony_tokenizer, qwen3_policy):
-    phrase = GenerationSettings().forced_phrase
-    assert chat_format_for(qwen3_policy.tokenizer, "</think>").forced_text(phrase, "</think>") == phrase + "</think>\n\n"
+    phrase = FORCED_PHRASE
+    assert chat_format_for(qwen3_policy.sampler.tokenizer, "</think>").forced_text(phrase, "</think>") == phrase + "</think>\n\n"
     assert chat_format_for(gpt2_tokenizer, "</think>").forced_text(phrase, "</think>") == phrase + "</think>"
     harmony = chat_format_for(harmony_tokenizer, HARMONY_FINAL)
     assert harmony.forced_text(phrase, HARMONY_FINAL) == phrase + "<|end|><|start|>assistant<|channel|>final<|message|>"
@@ -79,23 +78,23 @@ def test_forced_text_closes_the_thinking_per_family(gpt2_tokenizer, harmony_toke
 
 def test_a_think_end_that_cannot_close_the_family_is_an_error(qwen3_policy, harmony_tokenizer):
     with pytest.raises(ValueError, match="set sampling.think_end: '</think>'"):
-        chat_format_for(qwen3_policy.tokenizer, "<end-of-thinking>")
+        chat_format_for(qwen3_policy.sampler.tokenizer, "<end-of-thinking>")
     with pytest.raises(ValueError, match="harmony"):
         chat_format_for(harmony_tokenizer, "</think>")
-    assert chat_format_for(qwen3_policy.tokenizer, None) == ChatFormat("think-tags")
+    assert chat_format_for(qwen3_policy.sampler.tokenizer, None) == ChatFormat("think-tags")
 
 
 def test_math_configs_force_a_closed_thinking_block_on_a_qwen3_model(qwen3_policy):
     """The issue's bug: with think_end '</think>' (every math config) the forced phrase must close the block."""
     s = load_config("configs/erdos.yaml").sampling
     assert s.think_end == "</think>"
-    tok = qwen3_policy.tokenizer
-    prompt_len = len(qwen3_policy.render_prompt(PROMPT, s.think_end))
+    tok = qwen3_policy.sampler.tokenizer
+    prompt_len = len(qwen3_policy.sampler.render_prompt(PROMPT, s.think_end))
     think = 6
-    settings = GenerationSettings(
+    settings = SamplingConfig(
         context_tokens=512, thinking_budget=prompt_len + think, max_answer_tokens=8, think_end=s.think_end
     )
-    forced_ids = tok.encode(settings.forced_phrase + "</think>\n\n", add_special_tokens=False)
+    forced_ids = tok.encode(FORCED_PHRASE + "</think>\n\n", add_special_tokens=False)
     close = tok.convert_tokens_to_ids("</think>")
     assert close in forced_ids  # '</think>' is one token in the forced text, as the model writes it
     comps = qwen3_policy.sample([PROMPT], 8, settings, seed=4)[0]
@@ -117,14 +116,14 @@ def test_math_configs_force_a_closed_thinking_block_on_a_qwen3_model(qwen3_polic
 
 
 def test_a_model_that_closes_its_thinking_answers_after_the_marker(qwen3_policy):
-    tok = qwen3_policy.tokenizer
+    tok = qwen3_policy.sampler.tokenizer
     close = tok.convert_tokens_to_ids("</think>")
-    head = qwen3_policy.model.get_base_model().get_output_embeddings()
+    head = qwen3_policy.trainer.model.get_base_model().get_output_embeddings()
     bias = torch.zeros(head.weight.shape[0])
     bias[close] = 4.0  # make '</think>' likely: the marker path, not the forced one
     hook = head.register_forward_hook(lambda module, args, out: out + bias.to(out.dtype))
     try:
-        settings = GenerationSettings(context_tokens=512, thinking_budget=400, max_answer_tokens=5, think_end="</think>")
+        settings = SamplingConfig(context_tokens=512, thinking_budget=400, max_answer_tokens=5, think_end="</think>")
         comps = qwen3_policy.sample([PROMPT], 8, settings, seed=0)[0]
     finally:
         hook.remove()

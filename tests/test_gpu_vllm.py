@@ -17,10 +17,10 @@ import shutil
 import pytest
 import torch
 
-from discover.config import ModelConfig, TrainConfig, parse_config
+from discover.config import ModelConfig, SamplingConfig, TrainConfig, parse_config
 from discover.policy import load_policy, vllm_engine
-from discover.policy.base import GenerationSettings, TrainBatch
-from discover.policy.chat_format import chat_format_for
+from discover.policy.base import TrainBatch
+from discover.policy.chat_format import FORCED_PHRASE, chat_format_for
 
 pytestmark = [
     pytest.mark.gpu,
@@ -29,7 +29,7 @@ pytestmark = [
 ]
 
 PROMPTS = ["Find a step function with a small maximum overlap. Write the code.", "Improve the bound. " * 20]
-SETTINGS = GenerationSettings(context_tokens=4096, thinking_budget=2048, max_answer_tokens=128)  # one phase
+SETTINGS = SamplingConfig(context_tokens=4096, thinking_budget=2048, max_answer_tokens=128)  # one phase
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +65,7 @@ def test_sampler_and_learner_logprobs_agree(model_dir):
     for c in comps:
         assert len(c.completion_ids) == len(c.sampler_logprobs) == len(c.loss_mask) > 0
         assert all(lp <= 0.0 for lp in c.sampler_logprobs)
-    gap = _gap(comps, policy.trainer().sequence_logprobs(comps, temperature=1.0))
+    gap = _gap(comps, policy.trainer.sequence_logprobs(comps, temperature=1.0))
     print(f"\nbase model: mean |sampler - learner| log-prob gap {gap:.4g}")
     assert gap < 0.1
 
@@ -75,7 +75,7 @@ def test_each_step_adapter_is_hot_loaded_under_a_fresh_id(model_dir, tmp_path):
     base = load_policy(cfg)
     comps = _flat(base.sample(PROMPTS, 8, SETTINGS, seed=1))
     train = TrainConfig(learning_rate=1e-2, kl_coef=0.0)
-    trainer = base.trainer()
+    trainer = base.trainer
     for _ in range(5):  # push these completions up: the adapter clearly matters
         trainer.train_step(TrainBatch(comps, [1.0] * len(comps)), train)
     adapter = tmp_path / "adapter"
@@ -84,34 +84,34 @@ def test_each_step_adapter_is_hot_loaded_under_a_fresh_id(model_dir, tmp_path):
 
     step1 = load_policy(cfg, adapter)
     c1 = _flat(step1.sample(PROMPTS, 8, SETTINGS, seed=2))
-    adapted = _gap(c1, step1.trainer().sequence_logprobs(c1))
-    against_base = _gap(c1, step1.trainer().sequence_logprobs(c1, with_adapter=False))
+    adapted = _gap(c1, step1.trainer.sequence_logprobs(c1))
+    against_base = _gap(c1, step1.trainer.sequence_logprobs(c1, with_adapter=False))
     print(f"\nstep 1: gap to the adapted learner {adapted:.4g}, to the base model {against_base:.4g}")
     assert adapted < 0.1 and against_base > 3 * adapted  # vLLM sampled with the adapter
 
-    t2 = step1.trainer()
+    t2 = step1.trainer
     for _ in range(5):
         t2.train_step(TrainBatch(comps, [-1.0] * len(comps)), train)
     t2.save(adapter)  # the same path, rewritten with the next step's adapter
     step2 = load_policy(cfg, adapter)
-    assert step2.lora_request().lora_int_id != step1.lora_request().lora_int_id
-    assert step2.lora_request().lora_name != step1.lora_request().lora_name
+    assert step2.sampler.lora_request().lora_int_id != step1.sampler.lora_request().lora_int_id
+    assert step2.sampler.lora_request().lora_name != step1.sampler.lora_request().lora_name
     c2 = _flat(step2.sample(PROMPTS, 8, SETTINGS, seed=3))
-    from discover.policy.transformers_backend import TransformersPolicy
+    from discover.policy.trainer import LoRATrainer
 
-    fresh = _gap(c2, step2.trainer().sequence_logprobs(c2))
-    stale = _gap(c2, TransformersPolicy.load(cfg, tmp_path / "adapter-v1").sequence_logprobs(c2))
+    fresh = _gap(c2, step2.trainer.sequence_logprobs(c2))
+    stale = _gap(c2, LoRATrainer.load(cfg, tmp_path / "adapter-v1").sequence_logprobs(c2))
     print(f"step 2: gap to the new adapter {fresh:.4g}, to the previous one {stale:.4g}")
     assert fresh < 0.1 and stale > 3 * fresh  # no stale adapter or prefix cache was served
 
 
 def test_forced_answer_closes_the_thinking_through_vllm(model_dir):
     policy = load_policy(_cfg(model_dir))
-    tok = policy.tokenizer
+    tok = policy.sampler.tokenizer
     prompt_len = len(chat_format_for(tok, "</think>").render(tok, PROMPTS[0], thinking=True))
-    s = GenerationSettings(context_tokens=4096, thinking_budget=prompt_len + 16, max_answer_tokens=32, think_end="</think>")
+    s = SamplingConfig(context_tokens=4096, thinking_budget=prompt_len + 16, max_answer_tokens=32, think_end="</think>")
     comps = policy.sample([PROMPTS[0]], 8, s, seed=4)[0]
-    forced_ids = tok.encode(s.forced_phrase + "</think>\n\n", add_special_tokens=False)
+    forced_ids = tok.encode(FORCED_PHRASE + "</think>\n\n", add_special_tokens=False)
     forced = [c for c in comps if c.forced]
     assert forced, "a random model does not close its thinking in 16 tokens"
     for c in forced:
@@ -121,7 +121,7 @@ def test_forced_answer_closes_the_thinking_through_vllm(model_dir):
         assert c.loss_mask[n : n + len(forced_ids)] == [0] * len(forced_ids)
         assert c.sampler_logprobs[n : n + len(forced_ids)] == [0.0] * len(forced_ids)
         assert 1 <= len(c.completion_ids) - n - len(forced_ids) <= 32  # the answer phase ran
-    gap = _gap(forced, policy.trainer().sequence_logprobs(forced))
+    gap = _gap(forced, policy.trainer.sequence_logprobs(forced))
     print(f"\nforced answers: gap {gap:.4g} (phase 2 conditioned on the forced tokens)")
     assert gap < 0.1
 

@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from discover.config import ModelConfig, TrainConfig
-from discover.policy.base import Completion, GenerationSettings, TrainBatch
+from discover.config import ModelConfig, SamplingConfig, TrainConfig
+from discover.policy.base import Completion, TrainBatch
+from discover.policy.chat_format import FORCED_PHRASE
 
 PROMPT = "We want to find a construction that improves the best known bound. Write the code. " * 3
 MARKER = "<<END-OF-THINKING-NEVER-EMITTED>>"
@@ -33,15 +34,15 @@ def _model_cfg(**kw) -> ModelConfig:
 
 
 def _load(adapter_dir: Path | None = None, seed: int = 0):
-    from discover.policy.transformers_backend import TransformersPolicy
+    from discover.policy import transformers_backend
 
-    return TransformersPolicy.load(_model_cfg(), adapter_dir=adapter_dir, seed=seed)
+    return transformers_backend.load(_model_cfg(), adapter_dir=adapter_dir, seed=seed)
 
 
 @pytest.fixture(scope="module")
 def samples():
     policy = _load()
-    settings = GenerationSettings(context_tokens=2048, max_answer_tokens=12, temperature=1.0)
+    settings = SamplingConfig(context_tokens=2048, max_answer_tokens=12, temperature=1.0)
     return policy.sample([PROMPT], 8, settings, seed=3)[0]
 
 
@@ -84,7 +85,8 @@ def test_tiny_model_build_is_deterministic(tmp_path, tiny_cache):
 
 
 def test_resolve_model_path(tmp_path, tiny_cache):
-    from discover.policy.transformers_backend import pick_device, resolve_model_path
+    from discover.policy.placement import pick_device
+    from discover.policy.resident import resolve_model_path
 
     assert resolve_model_path("tiny") == str(tiny_cache)
     assert resolve_model_path(str(tmp_path)) == str(tmp_path)
@@ -95,10 +97,10 @@ def test_resolve_model_path(tmp_path, tiny_cache):
 
 def test_unloadable_model_is_a_runtime_error():
     from discover.config import ModelConfig
-    from discover.policy.transformers_backend import TransformersPolicy
+    from discover.policy import transformers_backend
 
     with pytest.raises(RuntimeError, match="nonexistent"):
-        TransformersPolicy.load(ModelConfig(name="/nonexistent/model-dir", device="cpu"))
+        transformers_backend.load(ModelConfig(name="/nonexistent/model-dir", device="cpu"))
 
 
 # ----------------------------------------------------------------------------- sampling
@@ -106,7 +108,7 @@ def test_unloadable_model_is_a_runtime_error():
 
 def test_sampling_is_deterministic_per_seed():
     policy = _load()
-    settings = GenerationSettings(context_tokens=2048, max_answer_tokens=10)
+    settings = SamplingConfig(context_tokens=2048, max_answer_tokens=10)
     a = policy.sample([PROMPT, "Another prompt 123"], 4, settings, seed=7)
     b = policy.sample([PROMPT, "Another prompt 123"], 4, settings, seed=7)
     c = policy.sample([PROMPT, "Another prompt 123"], 4, settings, seed=8)
@@ -115,7 +117,7 @@ def test_sampling_is_deterministic_per_seed():
     assert ids(a) != ids(c)
     assert [[x.sampler_logprobs for x in g] for g in a] == [[x.sampler_logprobs for x in g] for g in b]
     assert len(a) == 2 and all(len(g) == 4 for g in a)
-    prompt_ids = policy.render_prompt(PROMPT)
+    prompt_ids = policy.sampler.render_prompt(PROMPT)
     for comp in a[0]:
         assert comp.prompt_ids == prompt_ids
         assert len(comp.completion_ids) == len(comp.sampler_logprobs) == len(comp.loss_mask)
@@ -127,7 +129,7 @@ def test_sampling_is_deterministic_per_seed():
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_sampler_logprobs_match_sequence_logprobs(temperature):
     policy = _load()
-    settings = GenerationSettings(context_tokens=2048, max_answer_tokens=12, temperature=temperature)
+    settings = SamplingConfig(context_tokens=2048, max_answer_tokens=12, temperature=temperature)
     comps = [c for g in policy.sample([PROMPT, "short 42"], 6, settings, seed=1) for c in g]
     lps = policy.sequence_logprobs(comps, temperature=temperature)
     for comp, lp in zip(comps, lps, strict=True):
@@ -139,9 +141,9 @@ def test_sampler_logprobs_match_sequence_logprobs(temperature):
 
 def test_eos_is_kept_with_mask_one():
     policy = _load()
-    eos = policy.tokenizer.eos_token_id
+    eos = policy.sampler.tokenizer.eos_token_id
     # a high temperature flattens the random model so that EOS (1 token of 512) comes up
-    settings = GenerationSettings(context_tokens=2048, max_answer_tokens=60, temperature=5.0)
+    settings = SamplingConfig(context_tokens=2048, max_answer_tokens=60, temperature=5.0)
     comps = policy.sample(["x"], 64, settings, seed=0)[0]
     stopped = [c for c in comps if c.finish_reason == "stop"]
     assert stopped, "expected at least one EOS among 64 x 60 random tokens"
@@ -149,7 +151,7 @@ def test_eos_is_kept_with_mask_one():
         assert c.completion_ids[-1] == eos and c.loss_mask[-1] == 1
         assert eos not in c.completion_ids[:-1]
         assert "<|endoftext|>" not in c.text
-        assert c.text == policy.tokenizer.decode(c.completion_ids[:-1])
+        assert c.text == policy.sampler.tokenizer.decode(c.completion_ids[:-1])
     for c in comps:
         if c.finish_reason == "length":
             assert len(c.completion_ids) == 60 and eos not in c.completion_ids
@@ -157,13 +159,13 @@ def test_eos_is_kept_with_mask_one():
 
 def test_forced_phrase_when_thinking_budget_runs_out():
     policy = _load()
-    prompt_len = len(policy.render_prompt(PROMPT))
+    prompt_len = len(policy.sampler.render_prompt(PROMPT))
     think = 5
-    settings = GenerationSettings(
+    settings = SamplingConfig(
         context_tokens=2048, thinking_budget=prompt_len + think, max_answer_tokens=7, think_end=MARKER
     )
     # the plain format (no chat template) closes the thinking with the configured marker (SPEC §5a)
-    phrase = policy.tokenizer.encode(settings.forced_phrase + MARKER, add_special_tokens=False)
+    phrase = policy.sampler.tokenizer.encode(FORCED_PHRASE + MARKER, add_special_tokens=False)
     comps = policy.sample([PROMPT], 6, settings, seed=2)[0]
     for c in comps:
         assert c.forced
@@ -173,11 +175,11 @@ def test_forced_phrase_when_thinking_budget_runs_out():
         assert c.loss_mask == [1] * think + [0] * len(phrase) + [1] * (n - think - len(phrase))
         assert all(lp == 0.0 for lp in c.sampler_logprobs[think : think + len(phrase)])
         assert all(lp < 0.0 for lp in c.sampler_logprobs[:think])
-        assert settings.forced_phrase + MARKER in c.text
+        assert FORCED_PHRASE + MARKER in c.text
         body = c.completion_ids[think + len(phrase) :]
         if c.finish_reason == "stop":
             body = body[:-1]
-        assert c.answer == policy.tokenizer.decode(body)
+        assert c.answer == policy.sampler.tokenizer.decode(body)
     # the learner's log-probs still line up with the sampler's on the generated tokens
     for c, lp in zip(comps, _lp(policy, comps), strict=True):
         m = torch.tensor(c.loss_mask, dtype=torch.bool)
@@ -187,7 +189,7 @@ def test_forced_phrase_when_thinking_budget_runs_out():
 def test_marker_ends_thinking_and_answer_follows_it():
     policy = _load()
     marker = "e"  # a random model emits this letter quickly
-    settings = GenerationSettings(
+    settings = SamplingConfig(
         context_tokens=2048, thinking_budget=1500, max_answer_tokens=5, think_end=marker
     )
     comps = policy.sample(["go"], 8, settings, seed=0)[0]
@@ -200,8 +202,8 @@ def test_marker_ends_thinking_and_answer_follows_it():
 
 def test_prompt_longer_than_thinking_budget_raises():
     policy = _load()
-    n = len(policy.render_prompt(PROMPT))
-    settings = GenerationSettings(context_tokens=2048, thinking_budget=n - 3, think_end=MARKER)
+    n = len(policy.sampler.render_prompt(PROMPT))
+    settings = SamplingConfig(context_tokens=2048, thinking_budget=n - 3, think_end=MARKER)
     with pytest.raises(ValueError) as err:
         policy.sample([PROMPT], 1, settings, seed=0)
     assert str(n) in str(err.value) and str(n - 3) in str(err.value)
@@ -212,17 +214,17 @@ def test_prompt_longer_than_thinking_budget_raises():
 
 def test_train_step_changes_lora_and_raises_logprob(samples):
     policy = _load()
-    before = {n: p.detach().clone() for n, p in policy.model.named_parameters() if p.requires_grad}
-    frozen = {n: p.detach().clone() for n, p in policy.model.named_parameters() if not p.requires_grad}
+    before = {n: p.detach().clone() for n, p in policy.trainer.model.named_parameters() if p.requires_grad}
+    frozen = {n: p.detach().clone() for n, p in policy.trainer.model.named_parameters() if not p.requires_grad}
     assert before and all("lora" in n for n in before)
     target = samples[0]
     lp0 = _lp(policy, [target])[0].sum()
     stats = policy.train_step(TrainBatch([target], [1.0]), _train_cfg())
     for name, value in before.items():  # TRL-style; B starts at 0, so only B has a gradient
         if "lora_B" in name:
-            assert not torch.equal(value, dict(policy.model.named_parameters())[name]), name
+            assert not torch.equal(value, dict(policy.trainer.model.named_parameters())[name]), name
     for name, value in frozen.items():
-        assert torch.equal(value, dict(policy.model.named_parameters())[name]), name
+        assert torch.equal(value, dict(policy.trainer.model.named_parameters())[name]), name
     lp1 = _lp(policy, [target])[0].sum()
     assert lp1 > lp0 + 1e-3
     assert stats["tokens"] == sum(target.loss_mask)
@@ -232,10 +234,10 @@ def test_train_step_changes_lora_and_raises_logprob(samples):
 
 def test_zero_advantage_without_kl_changes_nothing(samples):
     policy = _load()
-    before = [p.detach().clone() for p in policy.lora_parameters()]
+    before = [p.detach().clone() for p in policy.trainer.lora_parameters()]
     stats = policy.train_step(TrainBatch(samples[:4], [0.0] * 4), _train_cfg(kl_coef=0.0))
     assert stats["tokens"] == 0
-    assert all(torch.equal(a, b) for a, b in zip(before, policy.lora_parameters(), strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(before, policy.trainer.lora_parameters(), strict=True))
 
 
 def test_kl_term_uses_base_model(samples):
@@ -283,8 +285,8 @@ def test_two_policies_do_not_interfere(samples):
     b.train_step(TrainBatch(comps, [-1.0, -1.0, -1.0]), _train_cfg())
     assert _allclose(_lp(a, comps), a_trained)  # b's training does not leak into a
     assert not _allclose(_lp(b, comps), a_trained, atol=1e-4)
-    assert a.model is not b.model
-    assert not (set(map(id, a.lora_parameters())) & set(map(id, b.lora_parameters())))
+    assert a.trainer.model is not b.trainer.model
+    assert not (set(map(id, a.trainer.lora_parameters())) & set(map(id, b.trainer.lora_parameters())))
 
 
 def test_empty_and_mismatched_batches(samples):

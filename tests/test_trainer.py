@@ -7,9 +7,9 @@ import shutil
 import pytest
 import torch
 
-from discover.config import ModelConfig, TrainConfig
+from discover.config import ModelConfig, SamplingConfig, TrainConfig
 from discover.objectives import importance_sampling_loss
-from discover.policy.base import GenerationSettings, TrainBatch
+from discover.policy.base import TrainBatch
 from discover.policy.packing import pack_by_tokens, padded_tokens
 from discover.policy.trainer import accumulate_gradients, token_logprobs
 
@@ -25,9 +25,9 @@ def cache(tmp_path_factory):
 
 
 def _policy(name="tiny-qwen3", **kw):
-    from discover.policy.transformers_backend import TransformersPolicy
+    from discover.policy import transformers_backend
 
-    return TransformersPolicy.load(ModelConfig(name=name, lora_rank=4, device="cpu", **kw))
+    return transformers_backend.load(ModelConfig(name=name, lora_rank=4, device="cpu", **kw))
 
 
 @pytest.fixture(scope="module")
@@ -39,14 +39,14 @@ def rollouts():
 def _rollouts(policy):
     comps = []
     for i, n in enumerate((3, 24, 11, 17)):
-        settings = GenerationSettings(context_tokens=512, max_answer_tokens=n, temperature=1.0)
+        settings = SamplingConfig(context_tokens=512, max_answer_tokens=n, temperature=1.0)
         comps += policy.sample([PROMPTS[i % 2]], 2, settings, seed=i)[0]
     assert len({len(c.prompt_ids) + len(c.completion_ids) for c in comps}) >= 4
     return comps
 
 
 def _grads(policy) -> list[torch.Tensor]:
-    return [p.grad.detach().clone() for p in policy.lora_parameters()]
+    return [p.grad.detach().clone() for p in policy.trainer.lora_parameters()]
 
 
 # ----------------------------------------------------------------------------- packing
@@ -83,12 +83,12 @@ def test_split_batch_gradient_equals_unsplit(model, rollouts):
     assert len(pack_by_tokens(lengths, budget)) >= 3  # the batch is over the budget: it is split
 
     def grads(budget: int) -> tuple[list[torch.Tensor], dict]:
-        policy.model.zero_grad(set_to_none=True)
-        policy.model.train()
+        policy.trainer.model.zero_grad(set_to_none=True)
+        policy.trainer.model.train()
         stats = accumulate_gradients(
-            policy.model, comps, advantages, kl_coef=0.1, temperature=1.0, micro_batch_tokens=budget, pad_id=0
+            policy.trainer.model, comps, advantages, kl_coef=0.1, temperature=1.0, micro_batch_tokens=budget, pad_id=0
         )
-        policy.model.eval()
+        policy.trainer.model.eval()
         return _grads(policy), stats
 
     split, s1 = grads(budget)
@@ -108,7 +108,7 @@ def _one_pass_gradient(policy, comps, advantages, kl_coef, center=False):
     """The reference: every rollout in one right-padded pass, the SPEC §2 loss, one backward."""
     from discover.objectives import kl_shaped_advantages
 
-    model = policy.model
+    model = policy.trainer.model
     model.zero_grad(set_to_none=True)
     model.train()
     with torch.no_grad(), model.disable_adapter():
@@ -127,10 +127,10 @@ def _one_pass_gradient(policy, comps, advantages, kl_coef, center=False):
 def test_centred_kl_over_micro_batches_equals_one_pass(rollouts):
     policy = _policy()
     advantages = [1.0, -0.5, 0.25, 0.0, -1.0, 0.75, 0.5, -0.25]
-    policy.model.zero_grad(set_to_none=True)
-    policy.model.train()
-    accumulate_gradients(policy.model, rollouts, advantages, kl_coef=0.5, temperature=1.0, micro_batch_tokens=1, pad_id=0, kl_center=True)
-    policy.model.eval()
+    policy.trainer.model.zero_grad(set_to_none=True)
+    policy.trainer.model.train()
+    accumulate_gradients(policy.trainer.model, rollouts, advantages, kl_coef=0.5, temperature=1.0, micro_batch_tokens=1, pad_id=0, kl_center=True)
+    policy.trainer.model.eval()
     split = _grads(policy)
     whole, _ = _one_pass_gradient(policy, rollouts, advantages, kl_coef=0.5, center=True)
     plain, _ = _one_pass_gradient(policy, rollouts, advantages, kl_coef=0.5, center=False)
@@ -143,9 +143,9 @@ def test_centred_kl_over_micro_batches_equals_one_pass(rollouts):
 def test_right_padded_logprobs_equal_one_sequence_at_a_time(rollouts):
     policy = _policy()
     with torch.no_grad():
-        together = token_logprobs(policy.model, rollouts, 1.0, pad_id=0)
+        together = token_logprobs(policy.trainer.model, rollouts, 1.0, pad_id=0)
         for c, lp in zip(rollouts, together, strict=True):
-            alone = token_logprobs(policy.model, [c], 1.0, pad_id=0)[0]
+            alone = token_logprobs(policy.trainer.model, [c], 1.0, pad_id=0)[0]
             assert lp.shape == (len(c.completion_ids),)
             assert torch.allclose(lp, alone, atol=1e-5, rtol=0)
             assert torch.allclose(lp, torch.tensor(c.sampler_logprobs), atol=1e-4, rtol=0)  # = the sampler's
@@ -155,8 +155,8 @@ def test_gradient_checkpointing_does_not_change_the_gradient(rollouts):
     grads = []
     for ckpt in (True, False):
         policy = _policy(gradient_checkpointing=ckpt)
-        policy.model.train()
-        accumulate_gradients(policy.model, rollouts, [1.0, -1.0] * 4, kl_coef=0.1, temperature=1.0, micro_batch_tokens=64, pad_id=0)
+        policy.trainer.model.train()
+        accumulate_gradients(policy.trainer.model, rollouts, [1.0, -1.0] * 4, kl_coef=0.1, temperature=1.0, micro_batch_tokens=64, pad_id=0)
         grads.append(_grads(policy))
     for a, b in zip(*grads, strict=True):
         assert torch.allclose(a, b, atol=1e-6, rtol=1e-5)
@@ -188,11 +188,11 @@ def test_train_step_reports_the_sampler_learner_gap(rollouts):
 
 def test_bfloat16_trainer_keeps_float32_adapter(rollouts):
     policy = _policy(dtype="bfloat16")
-    assert all(p.dtype == torch.float32 for p in policy.lora_parameters())  # Adam on bf16 weights would lose lr 4e-5
-    before = [p.detach().clone() for p in policy.lora_parameters()]
+    assert all(p.dtype == torch.float32 for p in policy.trainer.lora_parameters())  # Adam on bf16 weights would lose lr 4e-5
+    before = [p.detach().clone() for p in policy.trainer.lora_parameters()]
     stats = policy.train_step(TrainBatch(rollouts, [1.0, -1.0] * 4), TrainConfig(learning_rate=1e-3, kl_coef=0.1))
     assert stats["logprob_gap"] < 0.1  # bf16 learner against float32 sampler log-probs
-    assert any(not torch.equal(a, b) for a, b in zip(before, policy.lora_parameters()))
+    assert any(not torch.equal(a, b) for a, b in zip(before, policy.trainer.lora_parameters()))
 
 
 def test_second_step_in_the_same_process_does_not_load_weights_again(tmp_path, monkeypatch, rollouts):
@@ -222,6 +222,6 @@ def test_second_step_in_the_same_process_does_not_load_weights_again(tmp_path, m
         assert stats["tokens"] > 0
         adapter = tmp_path / f"checkpoint-{step}"
         policy.save(adapter)
-        params.append(policy.model.get_base_model().get_input_embeddings().weight)
+        params.append(policy.trainer.model.get_base_model().get_input_embeddings().weight)
     assert loads == [str(model_dir)]  # one load of the weights for three steps
     assert params[0] is params[1] is params[2]  # the very same resident tensors

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from discover.policy.base import GenerationSettings
+from discover.config import SamplingConfig
 from discover.policy.chat_format import ChatFormat
-from discover.policy.two_phase import PhaseOutput, PhaseRequest, sample_two_phase, stream_two_phase
+from discover.policy.engine import PhaseOutput, PhaseRequest
+from discover.policy.two_phase import sample_two_phase, stream_two_phase
 
 EOS = 0
 MARK = 9  # the one-token thinking marker "</think>"
@@ -48,6 +49,9 @@ class Scripted:
         self.queue.append((key, request))
         self.seeds.append(seed)
 
+    def cancel(self):
+        self.queue = []
+
     def poll(self):
         if not self.queue:
             return []
@@ -71,14 +75,14 @@ class Scripted:
         return out
 
 
-def settings(**kw) -> GenerationSettings:
-    base = dict(context_tokens=40, thinking_budget=10, max_answer_tokens=6, think_end="</think>", forced_phrase=PHRASE)
+def settings(**kw) -> SamplingConfig:
+    base = dict(context_tokens=40, thinking_budget=10, max_answer_tokens=6, think_end="</think>")
     base.update(kw)
-    return GenerationSettings(**base)
+    return SamplingConfig.model_construct(**base)  # unvalidated: budgets below the config's floor of 16 tokens
 
 
 def run(engine, prompts, k, s):
-    return sample_two_phase(engine, prompts, k, s, 0, ChatFormat("plain"), encode, decode, eos_ids={EOS})
+    return sample_two_phase(engine, prompts, k, s, 0, ChatFormat("plain"), encode, decode, eos_ids={EOS}, forced_phrase=PHRASE)
 
 
 def test_marker_eos_and_budget_in_one_group():
@@ -156,6 +160,9 @@ class Staggered:
         self.queue.append(key)
         self.seeds.append(seed)
 
+    def cancel(self):
+        self.queue = []
+
     def poll(self):
         for key in self.order:
             if key in self.queue:
@@ -173,14 +180,14 @@ def test_answers_start_while_others_still_think_and_completions_stream_out():
         ("answer", (0, 0)): PhaseOutput([3, 3, EOS], [-0.5] * 3, "eos"),
     }
     engine = Staggered(order, outputs)
-    stream = stream_two_phase(engine, [[1, 2, 3, 1]], 2, settings(), 5, ChatFormat("plain"), encode, decode, {EOS})
+    stream = stream_two_phase(engine, [[1, 2, 3, 1]], 2, settings(), 5, ChatFormat("plain"), encode, decode, {EOS}, forced_phrase=PHRASE)
     i, j, first = next(stream)
     assert (i, j) == (0, 1) and first.forced and first.answer == "c"
     assert ("think", (0, 0)) in engine.queue  # the other completion was still thinking: no barrier
     ((_, _, second),) = list(stream)
     assert second.answer == "cc" and not second.forced
     again = Staggered(order, outputs)
-    list(stream_two_phase(again, [[1, 2, 3, 1]], 2, settings(), 5, ChatFormat("plain"), encode, decode, {EOS}))
+    list(stream_two_phase(again, [[1, 2, 3, 1]], 2, settings(), 5, ChatFormat("plain"), encode, decode, {EOS}, forced_phrase=PHRASE))
     assert again.seeds == engine.seeds and len(set(engine.seeds)) == 4  # one seed per phase, from the call's seed
 
 
@@ -193,7 +200,7 @@ def test_a_consumer_that_stops_early_cancels_the_rest():
             self.queue = []
 
     engine = Cancellable([[1, EOS], [1, 2]])
-    stream = stream_two_phase(engine, [[1, 2, 3, 1]], 2, settings(), 0, ChatFormat("plain"), encode, decode, {EOS})
+    stream = stream_two_phase(engine, [[1, 2, 3, 1]], 2, settings(), 0, ChatFormat("plain"), encode, decode, {EOS}, forced_phrase=PHRASE)
     next(stream)
     stream.close()
     assert engine.cancelled and engine.queue == []

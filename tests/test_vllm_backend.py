@@ -40,18 +40,18 @@ def _completion(ids, finish, stop_reason=None):
 
 
 def test_factory_picks_the_backend(tmp_path):
-    from discover.policy.transformers_backend import TransformersPolicy
-    from discover.policy.vllm_backend import VLLMPolicy
+    from discover.policy.transformers_backend import TransformersSampler
+    from discover.policy.vllm_backend import VLLMSampler
 
-    assert isinstance(load_policy(ModelConfig(name="tiny-qwen3", lora_rank=4, device="cpu")), TransformersPolicy)
+    assert isinstance(load_policy(ModelConfig(name="tiny-qwen3", lora_rank=4, device="cpu")).sampler, TransformersSampler)
     policy = load_policy(ModelConfig(name="tiny-qwen3", backend="vllm", lora_rank=4), seed=3)
-    assert isinstance(policy, VLLMPolicy)
+    assert isinstance(policy.sampler, VLLMSampler)
     # a new run's adapter is written by the resident trainer; no engine is needed for that
     policy.save(tmp_path / "adapter", tmp_path / "optimizer.pt")
     assert (tmp_path / "adapter" / "adapter_config.json").is_file() and (tmp_path / "optimizer.pt").is_file()
     assert vllm_engine._HELD is None
     reloaded = load_policy(ModelConfig(name="tiny-qwen3", backend="vllm", lora_rank=4), tmp_path / "adapter")
-    assert reloaded.adapter_dir == tmp_path / "adapter" and reloaded._trainer is None  # nothing loaded yet
+    assert reloaded.sampler.adapter_dir == tmp_path / "adapter" and reloaded._trainer is None  # nothing loaded yet
 
 
 @pytest.mark.skipif(HAS_VLLM, reason="checks the message where vLLM is not installed")
@@ -59,10 +59,10 @@ def test_generating_without_vllm_or_a_gpu_says_what_to_do():
     import torch
 
     policy = load_policy(ModelConfig(name="tiny-qwen3", backend="vllm", lora_rank=4))
-    from discover.policy.base import GenerationSettings
+    from discover.config import SamplingConfig
 
     with pytest.raises(RuntimeError, match="gpu extra|CUDA GPU") as err:
-        policy.sample(["x"], 1, GenerationSettings(context_tokens=64, thinking_budget=32), seed=0)
+        policy.sample(["x"], 1, SamplingConfig(context_tokens=64, thinking_budget=32), seed=0)
     assert "backend: transformers" in str(err.value) or torch.cuda.is_available()
 
 
@@ -184,16 +184,16 @@ def test_switching_adapters_drops_the_stale_ones():
 
 @pytest.mark.skipif(not HAS_VLLM, reason="the gpu extra (vllm) is not installed")
 def test_phase_engine_drives_vllms_engine_loop():
-    """VLLMPhaseEngine against a stand-in for LLMEngine that finishes one request per step,
+    """VLLMDecodeEngine against a stand-in for LLMEngine that finishes one request per step,
     with vLLM's own SamplingParams, RequestOutputKind and output types."""
     from vllm.logprobs import FlatLogprobs, Logprob
     from vllm.outputs import CompletionOutput
     from vllm.sampling_params import RequestOutputKind
 
-    from discover.policy.base import GenerationSettings
+    from discover.config import SamplingConfig
     from discover.policy.chat_format import ChatFormat
     from discover.policy.two_phase import sample_two_phase
-    from discover.policy.vllm_backend import VLLMPhaseEngine
+    from discover.policy.vllm_backend import VLLMDecodeEngine
 
     class Engine:
         def __init__(self):
@@ -223,12 +223,12 @@ def test_phase_engine_drives_vllms_engine_loop():
             self.aborted += ids
 
     engine = Engine()
-    phase = VLLMPhaseEngine(SimpleNamespace(llm_engine=engine), "LORA")
+    phase = VLLMDecodeEngine(SimpleNamespace(llm_engine=engine), "LORA")
     vocab = {5: "a", 6: "b", 9: "</think>", 4: "!"}
     encode = lambda s: {"</think>": [9], "!</think>": [4, 9]}[s]  # noqa: E731
     decode = lambda ids: "".join(vocab[i] for i in ids)  # noqa: E731
-    settings = GenerationSettings(context_tokens=64, thinking_budget=8, max_answer_tokens=3, think_end="</think>", forced_phrase="!")
-    (group,) = sample_two_phase(phase, [[1, 2, 3]], 2, settings, 0, ChatFormat("plain"), encode, decode, {0})
+    settings = SamplingConfig(context_tokens=64, thinking_budget=8, max_answer_tokens=3, think_end="</think>")
+    (group,) = sample_two_phase(phase, [[1, 2, 3]], 2, settings, 0, ChatFormat("plain"), encode, decode, {0}, forced_phrase="!")
     thinking = [p for _, _, p, _ in engine.added[:2]]
     assert all(p.n == 1 and p.logprobs == 0 and p.top_k == 0 and p.top_p == 1.0 and p.temperature == 1.0 for p in thinking)
     assert all(p.stop_token_ids == [9] and p.stop == ["</think>"] and p.detokenize and not p.skip_special_tokens for p in thinking)

@@ -1,25 +1,18 @@
-"""What a policy backend returns when it samples, and what it needs to train."""
+"""A policy backend's two seams, `Sampler` and `Trainer`, the `Policy` combining them, and their records."""
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Protocol
+from typing import TYPE_CHECKING, Callable, Iterator, Protocol
 
 from discover.records import Completion
 
+if TYPE_CHECKING:  # torch is imported where a backend is loaded, not where records are read
+    import torch
 
-@dataclass(frozen=True)
-class GenerationSettings:
-    """Token budgets of the two-phase completion (SPEC §4)."""
-
-    context_tokens: int = 32768  # prompt + thinking + answer may never exceed this
-    thinking_budget: int = 26000  # prompt + thinking may use at most this many tokens
-    max_answer_tokens: int = 6768  # answer tokens after the thinking phase
-    temperature: float = 1.0
-    think_end: str | None = None  # marker that ends the thinking; None: no thinking phase
-    # Table 9's phrase; the chat format appends what closes the thinking (SPEC §5a, chat_format.py)
-    forced_phrase: str = "\n\n... okay, I am out of thinking tokens. I need to send my final message now.\n\n"
+    from discover.config import SamplingConfig, TrainConfig
 
 
 @dataclass
@@ -31,46 +24,99 @@ class TrainBatch:
     stats: dict[str, float] = field(default_factory=dict)
 
 
-class Policy(Protocol):
-    """What every policy backend does (DESIGN.md, "A policy backend"); chosen by `model.backend`.
+class Sampler(Protocol):
+    """The sampling half of a policy backend (docs/architecture.md, "A policy backend").
 
-    A backend is built by `discover.policy.load_policy(model_config, adapter_dir, seed)`: the base
-    model (which a backend may keep resident in its worker process) with the LoRA adapter read from
-    `adapter_dir`, or a freshly initialised one from `seed` when `adapter_dir` is None.
-    A backend subclasses this protocol to inherit the defaults (`sample_stream`).
+    A sampler renders contexts in the model's chat format and runs the two-phase completion
+    (`two_phase.stream_two_phase`) on its backend's `engine.DecodeEngine`, with the step's adapter.
     """
 
-    def sample(
-        self, contexts: list[str], k: int, settings: GenerationSettings, seed: int
-    ) -> list[list[Completion]]:
-        """`k` completions per context (SPEC §1.2, §4) with per-token sampler log-probs."""
+    def sample_stream(
+        self, contexts: list[str], k: int, sampling: SamplingConfig, seed: int
+    ) -> Iterator[tuple[int, int, Completion]]:
+        """`k` completions per context (docs/method.md §4) with per-token sampler log-probs, as
+        (context index, index among its k, completion), each yielded as soon as it is finished, so
+        that its evaluation can start while the others are generated; deterministic in `seed`."""
         ...
 
-    def sample_stream(
-        self, contexts: list[str], k: int, settings: GenerationSettings, seed: int
-    ) -> Iterator[tuple[int, int, Completion]]:
-        """The completions of `sample(...)` as (context index, index among its k, completion), each
-        yielded as soon as it is finished, so that its evaluation can start while the others are
-        generated. The same completions as `sample` with the same arguments, in any order.
-        This default yields them once `sample` has returned them all; a backend that finishes
-        completions one by one overrides it."""
-        for i, completions in enumerate(self.sample(contexts, k, settings, seed)):
-            for j, completion in enumerate(completions):
-                yield i, j, completion
+    def while_training(self) -> AbstractContextManager[None]:
+        """Held while the trainer trains: a sampler that shares the GPU hands memory back (vLLM sleeps)."""
+        ...
+
+
+class Trainer(Protocol):
+    """The training half of a policy backend: one LoRA adapter on the resident base model
+    (`trainer.LoRATrainer`, shared by every backend)."""
 
     def sequence_logprobs(
-        self, completions: list[Completion], with_adapter: bool = True, temperature: float | None = None
-    ) -> list[Any]:
+        self, completions: list[Completion], with_adapter: bool = True, temperature: float = 1.0
+    ) -> list[torch.Tensor]:
         """Per-token log-probs (one tensor per completion) of each completion given its prompt under the
         current policy (the base model when `with_adapter` is False); used to re-score re-attached ones."""
         ...
 
     def train_step(
-        self, batch: TrainBatch, train: Any, temperature: float = 1.0, optimizer_state: Path | None = None
+        self, batch: TrainBatch, train: TrainConfig, temperature: float = 1.0, optimizer_state: Path | None = None
     ) -> dict[str, float]:
-        """One optimizer step of the adapter on `batch` (SPEC §2); returns the step's statistics."""
+        """One optimizer step of the adapter on `batch` (docs/method.md §2); returns the step's statistics."""
         ...
 
     def save(self, adapter_dir: Path, optimizer_path: Path | None = None) -> None:
         """Write the adapter (and optimizer state) atomically."""
         ...
+
+
+class Policy:
+    """A sampler and the LoRA trainer of one step's adapter: what steps and MIGRATE's mixed groups use.
+
+    Built by `discover.policy.load_policy(model_config, adapter_dir, seed)` from the backend named
+    by `model.backend` (`registry.py`): the base model (kept resident in the worker process) with
+    the LoRA adapter read from `adapter_dir`, or a freshly initialised one from `seed` when
+    `adapter_dir` is None. The trainer is loaded on first use (`load_trainer`): the vLLM backend
+    generates without the transformers model until something is trained or re-scored.
+    """
+
+    def __init__(self, sampler: Sampler, load_trainer: Callable[[], Trainer]):
+        self.sampler = sampler
+        self._load_trainer = load_trainer
+        self._trainer: Trainer | None = None
+        self.temperature = 1.0  # the sampling temperature of the last sample; default of sequence_logprobs
+
+    @property
+    def trainer(self) -> Trainer:
+        """The trainer with this step's adapter (loaded on first use)."""
+        if self._trainer is None:
+            self._trainer = self._load_trainer()
+        return self._trainer
+
+    def sample_stream(
+        self, contexts: list[str], k: int, sampling: SamplingConfig, seed: int
+    ) -> Iterator[tuple[int, int, Completion]]:
+        """`Sampler.sample_stream`: the completions as they finish."""
+        self.temperature = float(sampling.temperature)
+        return self.sampler.sample_stream(contexts, k, sampling, seed)
+
+    def sample(self, contexts: list[str], k: int, sampling: SamplingConfig, seed: int) -> list[list[Completion]]:
+        """The completions of `sample_stream`, `k` per context in order."""
+        out: list[list[Completion | None]] = [[None] * k for _ in contexts]
+        for i, j, completion in self.sample_stream(contexts, k, sampling, seed):
+            out[i][j] = completion
+        return out  # type: ignore[return-value]
+
+    def sequence_logprobs(
+        self, completions: list[Completion], with_adapter: bool = True, temperature: float | None = None
+    ) -> list[torch.Tensor]:
+        """`Trainer.sequence_logprobs`; `temperature` defaults to the one of the last sample (1.0 before any)."""
+        temp = self.temperature if temperature is None else float(temperature)
+        return self.trainer.sequence_logprobs(completions, with_adapter=with_adapter, temperature=temp)
+
+    def train_step(
+        self, batch: TrainBatch, train: TrainConfig, temperature: float = 1.0, optimizer_state: Path | None = None
+    ) -> dict[str, float]:
+        """`Trainer.train_step`, while the sampler makes room (`Sampler.while_training`)."""
+        with self.sampler.while_training():
+            return self.trainer.train_step(batch, train, temperature=temperature, optimizer_state=optimizer_state)
+
+    def save(self, adapter_dir: Path, optimizer_path: Path | None = None) -> None:
+        """`Trainer.save`."""
+        self.trainer.save(adapter_dir, optimizer_path)

@@ -22,6 +22,9 @@ from dataclasses import dataclass
 HARMONY_FINAL = "<|channel|>final<|message|>"  # the marker that opens gpt-oss's final channel
 HARMONY_CLOSE = "<|end|><|start|>assistant" + HARMONY_FINAL  # end the analysis message, open final
 THINK_CLOSE = "</think>"
+# Table 9's out-of-thinking phrase, appended when the thinking budget runs out (docs/method.md §4);
+# `ChatFormat.forced_text` follows it with what closes the thinking block
+FORCED_PHRASE = "\n\n... okay, I am out of thinking tokens. I need to send my final message now.\n\n"
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""A `PhaseEngine` on a transformers model: batched sampling with a KV cache, one token at a time.
+"""An `engine.DecodeEngine` on a transformers model: batched sampling with a KV cache, one token at a time.
 
 Log-probabilities are under the temperature-scaled distribution the sampler draws from,
 `log_softmax(logits / temperature)`. All randomness comes from one `torch.Generator` per `poll`,
@@ -7,11 +7,11 @@ seeded by the first submitted request, so the same submissions give the same tok
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Hashable
 
 import torch
 
-from discover.policy.two_phase import PhaseOutput, PhaseRequest
+from discover.policy.engine import PhaseOutput, PhaseRequest
 
 MAX_SAMPLE_BATCH = 512  # sequences decoded together in one batch (memory bound only)
 
@@ -45,16 +45,16 @@ class HFDecodeEngine:
         self.device = device
         self.eos_ids = eos_ids
         self.max_context = max_context
-        self._queue: list[tuple[Any, PhaseRequest, float, int]] = []
+        self._queue: list[tuple[Hashable, PhaseRequest, float, int]] = []
 
-    def submit(self, key: Any, request: PhaseRequest, temperature: float, seed: int) -> None:
+    def submit(self, key: Hashable, request: PhaseRequest, temperature: float, seed: int) -> None:
         self._queue.append((key, request, float(temperature), int(seed)))
 
     def cancel(self) -> None:
         self._queue = []
 
     @torch.no_grad()
-    def poll(self) -> list[tuple[Any, PhaseOutput]]:
+    def poll(self) -> list[tuple[Hashable, PhaseOutput]]:
         if not self._queue:
             return []
         batch, self._queue = self._queue[:MAX_SAMPLE_BATCH], self._queue[MAX_SAMPLE_BATCH:]

@@ -1,4 +1,9 @@
-"""One LoRA training step on a resident peft model (SPEC §2), sized for 512 rollouts of 32k tokens.
+"""The LoRA trainer every policy backend shares (`LoRATrainer`), and its step (SPEC §2), sized for
+512 rollouts of 32k tokens.
+
+* `LoRATrainer` wraps the resident base model (`resident.py`) with the step's adapter and does
+  what `base.Trainer` names: log-probabilities, one Adam step on the LoRA parameters
+  (`accumulate_gradients`, then the step), saving the adapter atomically.
 
 * Micro-batches by token count (`packing.pack_by_tokens`), gradients accumulated over them: the
   loss is a sum over tokens, so the step equals the unsplit one.
@@ -16,15 +21,22 @@
 from __future__ import annotations
 
 import math
+import os
+import shutil
+import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from discover.config import ModelConfig, TrainConfig
 from discover.objectives import batch_kl_mean, importance_sampling_loss, kl_shaped_advantages
-from discover.policy.base import Completion
+from discover.policy.base import Completion, TrainBatch
 from discover.policy.packing import pack_by_tokens, padded_tokens
+from discover.policy.placement import training_devices
+from discover.policy.resident import load_base, resolve_model_path, share_weights_copy
 
 LOGIT_CHUNK_ELEMENTS = 2**27  # rows x vocabulary per chunk of the output layer (512 MiB in float32)
 
@@ -184,3 +196,164 @@ def accumulate_gradients(
         "logprob_gap": t.gap_sum / n if n else 0.0,  # mean |logp_learner - logp_sampler| per token
         "kl": t.kl_sum / n if (n and kl_coef > 0) else math.nan,
     }
+
+
+class LoRATrainer:
+    """One LoRA adapter (trainable) on the resident base model, on transformers + peft: the
+    `base.Trainer` of every policy backend (docs/architecture.md, "A policy backend")."""
+
+    def __init__(self, tokenizer, model, model_config: ModelConfig):
+        self.tokenizer = tokenizer
+        self.model = model  # a peft PeftModel
+        self.device = model.get_base_model().get_input_embeddings().weight.device
+        self.model_config = model_config
+        self._optimizer: torch.optim.Optimizer | None = None
+        self._train_config: TrainConfig | None = None
+
+    @classmethod
+    def load(
+        cls, model: ModelConfig, adapter_dir: Path | None = None, seed: int = 0, devices: list[torch.device] | None = None
+    ) -> "LoRATrainer":
+        """The resident base model (loaded on first use) with the adapter of `adapter_dir` or a new one."""
+        from peft import LoraConfig, PeftModel, get_peft_model
+
+        path = resolve_model_path(model.name)
+        devices = devices or training_devices(model)
+        tokenizer, base = load_base(path, model.dtype, devices)
+        local = share_weights_copy(base)
+        disable_dropout(local)
+        if adapter_dir is not None:
+            adapter_dir = Path(adapter_dir)
+            if not (adapter_dir / "adapter_config.json").is_file():
+                raise FileNotFoundError(f"no LoRA adapter in {adapter_dir} (adapter_config.json missing)")
+            peft_model = PeftModel.from_pretrained(local, str(adapter_dir), is_trainable=True)
+        else:
+            targets = model.target_modules
+            lora = LoraConfig(
+                r=model.lora_rank,
+                lora_alpha=model.lora_alpha if model.lora_alpha is not None else model.lora_rank,
+                lora_dropout=0.0,
+                target_modules=targets if isinstance(targets, str) else list(targets),
+                bias="none",
+                task_type="CAUSAL_LM",
+                fan_in_fan_out=getattr(base.config, "model_type", "") == "gpt2",  # GPT-2 uses Conv1D
+            )
+            cuda = [d for d in devices if d.type == "cuda"]
+            with torch.random.fork_rng(devices=cuda):
+                torch.manual_seed(seed)
+                peft_model = get_peft_model(local, lora)
+        if len(devices) == 1:
+            peft_model.to(devices[0])
+        if model.gradient_checkpointing:
+            peft_model.get_base_model().gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        peft_model.eval()  # no dropout anywhere: learner and sampler see the same function
+        return cls(tokenizer, peft_model, model)
+
+    def lora_parameters(self) -> list[torch.nn.Parameter]:
+        return [p for _, p in self.model.named_parameters() if p.requires_grad]
+
+    def _pad_id(self) -> int:
+        return self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+
+    def sequence_logprobs(
+        self, completions: list[Completion], with_adapter: bool = True, temperature: float = 1.0
+    ) -> list[torch.Tensor]:
+        """Per-token log-probs of each completion given its prompt, temperature-scaled.
+
+        With the adapter the graph is kept (when grad is enabled); without it (base model) nothing
+        is tracked.
+        """
+        temp = float(temperature)
+        lengths = [len(c.prompt_ids) + len(c.completion_ids) for c in completions]
+        out: list[torch.Tensor | None] = [None] * len(completions)
+        for batch in pack_by_tokens(lengths, self.model_config.micro_batch_tokens):
+            comps = [completions[i] for i in batch]
+            if with_adapter:
+                lps = token_logprobs(self.model, comps, temp, self._pad_id())
+            else:
+                with torch.no_grad(), self.model.disable_adapter():
+                    lps = [t.detach() for t in token_logprobs(self.model, comps, temp, self._pad_id())]
+            for i, lp in zip(batch, lps, strict=True):
+                out[i] = lp
+        return out  # type: ignore[return-value]
+
+    def _ensure_optimizer(self, train: TrainConfig) -> torch.optim.Optimizer:
+        hyper = dict(lr=train.learning_rate, betas=tuple(train.adam_betas), eps=train.adam_eps)
+        if self._optimizer is None or self._train_config != train:
+            state = self._optimizer.state_dict() if self._optimizer is not None else None
+            params = self.lora_parameters()
+            fused = all(p.device.type == "cuda" for p in params)
+            self._optimizer = torch.optim.Adam(params, **hyper, fused=fused or None)
+            if state is not None:
+                self._optimizer.load_state_dict(state)
+                for g in self._optimizer.param_groups:
+                    g.update(hyper)
+            self._train_config = train
+        return self._optimizer
+
+    def train_step(
+        self,
+        batch: TrainBatch,
+        train: TrainConfig,
+        temperature: float = 1.0,
+        optimizer_state: Path | None = None,
+    ) -> dict[str, float]:
+        """One Adam step on the LoRA parameters with the KL-shaped importance-sampling loss (SPEC §2)."""
+        if len(batch.advantages) != len(batch.completions):
+            raise ValueError(f"{len(batch.completions)} completions but {len(batch.advantages)} advantages")
+        opt = self._ensure_optimizer(train)
+        if optimizer_state is not None and Path(optimizer_state).is_file():
+            opt.load_state_dict(torch.load(optimizer_state, map_location=self.device, weights_only=True))
+            for g in opt.param_groups:
+                g.update(lr=train.learning_rate, betas=tuple(train.adam_betas), eps=train.adam_eps)
+        params = self.lora_parameters()
+        opt.zero_grad(set_to_none=True)
+        self.model.train()  # gradient checkpointing is active in training mode; dropout is off
+        try:
+            stats = accumulate_gradients(
+                self.model, batch.completions, batch.advantages,
+                kl_coef=train.kl_coef, temperature=temperature,
+                micro_batch_tokens=self.model_config.micro_batch_tokens, pad_id=self._pad_id(),
+                ratio_cap=train.importance_ratio_cap, kl_center=train.kl_center,
+            )
+        finally:
+            self.model.eval()
+        stats["grad_norm"] = 0.0
+        if stats["tokens"] > 0:
+            norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm=float("inf")))
+            stats["grad_norm"] = norm if norm == norm and norm != float("inf") else float("nan")
+            opt.step()
+        opt.zero_grad(set_to_none=True)
+        return stats
+
+    def save(self, adapter_dir: Path, optimizer_path: Path | None = None) -> None:
+        """Write the adapter (and the optimizer state) atomically: temp name first, then rename."""
+        adapter_dir = Path(adapter_dir)
+        adapter_dir.parent.mkdir(parents=True, exist_ok=True)
+        tmp = adapter_dir.parent / f".{adapter_dir.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        try:
+            self.model.save_pretrained(str(tmp), safe_serialization=True)
+            _atomic_replace_dir(tmp, adapter_dir)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+        if optimizer_path is not None:
+            optimizer_path = Path(optimizer_path)
+            optimizer_path.parent.mkdir(parents=True, exist_ok=True)
+            if self._optimizer is None:
+                state = torch.optim.Adam(self.lora_parameters()).state_dict()
+            else:
+                state = self._optimizer.state_dict()
+            tmp_opt = optimizer_path.parent / f".{optimizer_path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+            torch.save(state, tmp_opt)
+            os.replace(tmp_opt, optimizer_path)
+
+
+def _atomic_replace_dir(tmp: Path, target: Path) -> None:
+    old = None
+    if target.exists():
+        old = target.parent / f".{target.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        os.rename(target, old)
+    os.rename(tmp, target)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

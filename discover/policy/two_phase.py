@@ -1,8 +1,8 @@
 """The two-phase completion of SPEC §4, the same for every policy backend.
 
-A backend supplies a `PhaseEngine`: something that continues token prompts until EOS, a stop
-marker, or a token limit, returning the sampled tokens with their sampler log-probabilities.
-This module decides everything else, once for all backends:
+A backend supplies a `DecodeEngine` (`engine.py`): something that continues token prompts until
+EOS, a stop marker, or a token limit, returning the sampled tokens with their sampler
+log-probabilities. This module decides everything else, once for all backends:
 
 * Phase 1 (only with `think_end`): sample from the prompt until the model closes its thinking
   (the marker), ends the sequence (EOS), or prompt + thinking reaches `thinking_budget`.
@@ -23,45 +23,18 @@ requests continuously (vLLM) has no barrier between the phases and evaluation ca
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Protocol
+from typing import Callable, Iterator, cast
 
 import numpy as np
 
-from discover.policy.base import Completion, GenerationSettings
-from discover.policy.chat_format import ChatFormat
+from discover.config import SamplingConfig
+from discover.policy.base import Completion
+from discover.policy.chat_format import FORCED_PHRASE, ChatFormat
+from discover.policy.engine import DecodeEngine, PhaseOutput, PhaseRequest
 
+__all__ = ["Marker", "check_prompts", "sample_two_phase", "stream_two_phase"]
 
-@dataclass(frozen=True)
-class PhaseRequest:
-    """Continue `prompt_ids` for at most `max_tokens` (>= 1) new tokens."""
-
-    prompt_ids: list[int]
-    max_tokens: int
-    stop_token_ids: tuple[int, ...] = ()  # the thinking marker's token, when it is one (EOS always stops)
-    stop_strings: tuple[str, ...] = ()  # the thinking marker, matched in the decoded text
-
-
-@dataclass
-class PhaseOutput:
-    """One continuation: its tokens (ending with the stop token, if any) and their log-probs."""
-
-    token_ids: list[int]
-    logprobs: list[float]
-    stop: str  # "eos", "marker" or "length"
-
-
-class PhaseEngine(Protocol):
-    """What a backend implements for `stream_two_phase`."""
-
-    max_context: int | None  # hard limit on prompt + completion (learned positions), None: none
-
-    def submit(self, key: Any, request: PhaseRequest, temperature: float, seed: int) -> None:
-        """Queue one continuation, sampled at `temperature` and deterministic in `seed`."""
-        ...
-
-    def poll(self) -> list[tuple[Any, PhaseOutput]]:
-        """Wait until at least one queued continuation is finished and return those (by key); [] when none is queued."""
-        ...
+Key = tuple[int, int]  # (prompt index, index among its k)
 
 
 @dataclass(frozen=True)
@@ -101,7 +74,7 @@ class _Draft:
         return len(self.prompt) + len(self.tokens)
 
 
-def check_prompts(prompts: list[list[int]], settings: GenerationSettings, context: int) -> None:
+def check_prompts(prompts: list[list[int]], settings: SamplingConfig, context: int) -> None:
     """Every prompt must leave room in the thinking budget and the context (a clear error otherwise)."""
     for ids in prompts:
         if settings.think_end is not None and len(ids) > settings.thinking_budget:
@@ -117,34 +90,49 @@ def check_prompts(prompts: list[list[int]], settings: GenerationSettings, contex
 
 
 def stream_two_phase(
-    engine: PhaseEngine,
+    engine: DecodeEngine,
     prompts: list[list[int]],
     k: int,
-    settings: GenerationSettings,
+    settings: SamplingConfig,
     seed: int,
     chat_format: ChatFormat,
     encode: Callable[[str], list[int]],
     decode: Callable[[list[int]], str],
     eos_ids: set[int],
+    forced_phrase: str = FORCED_PHRASE,
 ) -> Iterator[tuple[int, int, Completion]]:
     """`k` completions per prompt (SPEC §4) as (prompt index, index among its k, completion), each
-    as soon as it is finished; deterministic in `seed` for a deterministic engine."""
+    as soon as it is finished; deterministic in `seed` for a deterministic engine. `forced_phrase`
+    is Table 9's (tests shorten it)."""
     if settings.temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {settings.temperature}")
     context = settings.context_tokens
     if engine.max_context is not None:
         context = min(context, int(engine.max_context))
     check_prompts(prompts, settings, context)
-    run = _TwoPhase(engine, prompts, k, settings, seed, context, chat_format, encode, decode, eos_ids)
+    run = _TwoPhase(engine, prompts, k, settings, seed, context, chat_format, encode, decode, eos_ids, forced_phrase)
     return run.stream()
 
 
 class _TwoPhase:
     """The state of one `stream_two_phase` call: a draft per completion, keyed (prompt, index)."""
 
-    def __init__(self, engine, prompts, k, settings, seed, context, chat_format, encode, decode, eos_ids):
+    def __init__(
+        self,
+        engine: DecodeEngine,
+        prompts: list[list[int]],
+        k: int,
+        settings: SamplingConfig,
+        seed: int,
+        context: int,
+        chat_format: ChatFormat,
+        encode: Callable[[str], list[int]],
+        decode: Callable[[list[int]], str],
+        eos_ids: set[int],
+        forced_phrase: str,
+    ):
         self.engine, self.settings, self.context, self.decode, self.eos_ids = engine, settings, context, decode, eos_ids
-        self.keys = [(i, j) for i in range(len(prompts)) for j in range(k)]
+        self.keys: list[Key] = [(i, j) for i in range(len(prompts)) for j in range(k)]
         self.drafts = {key: _Draft(list(prompts[key[0]])) for key in self.keys}
         state = np.random.SeedSequence(int(seed) & (2**63 - 1)).generate_state(2 * len(self.keys), dtype=np.uint64)
         self.seeds = {key: (int(state[2 * n]) >> 2, int(state[2 * n + 1]) >> 2) for n, key in enumerate(self.keys)}
@@ -152,24 +140,23 @@ class _TwoPhase:
         self.forced_ids: list[int] = []
         if settings.think_end is not None:
             self.marker = Marker.of(settings.think_end, encode)
-            self.forced_ids = encode(chat_format.forced_text(settings.forced_phrase, settings.think_end))
+            self.forced_ids = encode(chat_format.forced_text(forced_phrase, settings.think_end))
 
     def stream(self) -> Iterator[tuple[int, int, Completion]]:
         try:
             for key in self.keys:
                 yield from self._start(key)
             while finished := self.engine.poll():
-                for (phase, key), out in finished:
+                for tagged, out in finished:
+                    phase, key = cast(tuple[str, Key], tagged)  # the keys submitted below
                     yield from self._finished(phase, key, out)
         finally:  # a consumer that stops early leaves nothing running in the engine
-            cancel = getattr(self.engine, "cancel", None)
-            if cancel is not None:
-                cancel()
+            self.engine.cancel()
 
-    def _done(self, key) -> Iterator[tuple[int, int, Completion]]:
+    def _done(self, key: Key) -> Iterator[tuple[int, int, Completion]]:
         yield key[0], key[1], _complete(self.drafts[key], self.settings, self.decode, self.eos_ids)
 
-    def _start(self, key) -> Iterator[tuple[int, int, Completion]]:
+    def _start(self, key: Key) -> Iterator[tuple[int, int, Completion]]:
         d, limit = self.drafts[key], min(self.settings.thinking_budget, self.context)
         if self.marker is None:
             yield from self._answer(key)
@@ -180,7 +167,7 @@ class _TwoPhase:
             self._force(key)
             yield from self._answer(key)
 
-    def _finished(self, phase: str, key, out: PhaseOutput) -> Iterator[tuple[int, int, Completion]]:
+    def _finished(self, phase: str, key: Key, out: PhaseOutput) -> Iterator[tuple[int, int, Completion]]:
         d = self.drafts[key]
         d.add(out)
         if phase == "answer":
@@ -196,7 +183,7 @@ class _TwoPhase:
                 self._force(key)
             yield from self._answer(key)
 
-    def _force(self, key) -> None:
+    def _force(self, key: Key) -> None:
         """SPEC §4: the thinking budget ran out; append the forced text (loss_mask 0) as far as it fits."""
         d = self.drafts[key]
         take = self.forced_ids[: max(0, self.context - d.used())]
@@ -205,11 +192,11 @@ class _TwoPhase:
         d.mask += [0] * len(take)
         d.forced = True
 
-    def _answer(self, key) -> Iterator[tuple[int, int, Completion]]:
+    def _answer(self, key: Key) -> Iterator[tuple[int, int, Completion]]:
         """Phase 2 from everything so far; the completion at once if there is no room left for it."""
         d = self.drafts[key]
         d.answer_start = len(d.tokens)
-        room = min(self.settings.max_answer_tokens, self.context - d.used())
+        room = min(self.settings.answer_tokens, self.context - d.used())
         if room <= 0:
             d.finish = "length"
             yield from self._done(key)
@@ -219,7 +206,7 @@ class _TwoPhase:
 
 
 def sample_two_phase(
-    engine: PhaseEngine, prompts: list[list[int]], k: int, settings: GenerationSettings, seed: int, *args, **kwargs
+    engine: DecodeEngine, prompts: list[list[int]], k: int, settings: SamplingConfig, seed: int, *args, **kwargs
 ) -> list[list[Completion]]:
     """All completions of `stream_two_phase`, as `k` per prompt in order."""
     out: list[list[Completion | None]] = [[None] * k for _ in prompts]
@@ -228,7 +215,7 @@ def sample_two_phase(
     return out  # type: ignore[return-value]
 
 
-def _complete(d: _Draft, settings: GenerationSettings, decode: Callable[[list[int]], str], eos_ids: set[int]) -> Completion:
+def _complete(d: _Draft, settings: SamplingConfig, decode: Callable[[list[int]], str], eos_ids: set[int]) -> Completion:
     body = d.tokens
     if body and d.mask[-1] == 1 and body[-1] in eos_ids and d.finish == "stop":
         body = body[:-1]

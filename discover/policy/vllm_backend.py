@@ -8,8 +8,9 @@
   answer phase joins the running batch the moment its thinking ends, the prefix cache reusing
   prompt + thinking; finished completions stream out), and the sampler's log-probs of the
   sampled tokens.
-* Training and saving: `TransformersPolicy` on `model.training_devices` (or `model.device`), its
-  base model resident in this process. With `model.sleep_while_training` the engine sleeps
+* Training and saving: the shared `trainer.LoRATrainer` on `model.training_devices` (or
+  `model.device`), its base model resident in this process, loaded on first use
+  (docs/architecture.md, "A policy backend"). With `model.sleep_while_training` the engine sleeps
   (weights to CPU, KV cache dropped) during the step and wakes for the next generation.
 * Nothing here imports vLLM until something is generated, so initialising a run (a fresh adapter)
   and training work where vLLM is not installed.
@@ -21,14 +22,19 @@ import itertools
 import logging
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from contextlib import contextmanager
+from typing import Any, Hashable, Iterator
 
-from discover.config import ModelConfig, TrainConfig
+from discover.config import ModelConfig, SamplingConfig
 from discover.policy import placement, vllm_engine
-from discover.policy.base import Completion, GenerationSettings, Policy, TrainBatch
+from discover.policy.base import Completion, Policy
 from discover.policy.chat_format import chat_format_for
-from discover.policy.transformers_backend import TransformersPolicy, resolve_model_path
-from discover.policy.two_phase import PhaseOutput, PhaseRequest, stream_two_phase
+from discover.policy.engine import PhaseOutput, PhaseRequest
+from discover.policy.resident import resolve_model_path
+from discover.policy.trainer import LoRATrainer
+from discover.policy.two_phase import stream_two_phase
+
+__all__ = ["VLLMDecodeEngine", "VLLMSampler", "load"]
 
 log = logging.getLogger("discover")
 
@@ -98,24 +104,24 @@ def fresh_adapter(adapter_dir: Path) -> dict[str, Any]:
     return {"lora_name": f"adapter-{i}", "lora_int_id": i, "lora_path": str(adapter_dir)}
 
 
-class VLLMPhaseEngine:
-    """`two_phase.PhaseEngine` on a vLLM engine, with the step's LoRA adapter (or the base model).
+class VLLMDecodeEngine:
+    """`engine.DecodeEngine` on a vLLM engine, with the step's LoRA adapter (or the base model).
 
     Requests go straight into vLLM's running batch (`LLMEngine.add_request`) and `poll` steps the
     engine until some finish, so a completion's answer phase joins the batch the moment its
     thinking ends: no barrier between the phases, and finished completions stream out at once.
     """
 
-    max_context = None  # vLLM itself enforces max_model_len (= sampling.context_tokens)
+    max_context: int | None = None  # vLLM itself enforces max_model_len (= sampling.context_tokens)
 
     def __init__(self, llm: Any, lora_request: Any | None):
         self.engine = llm.llm_engine
         self.lora_request = lora_request
-        self._pending: dict[str, tuple[Any, tuple[int, ...]]] = {}  # request id -> (key, marker ids)
+        self._pending: dict[str, tuple[Hashable, tuple[int, ...]]] = {}  # request id -> (key, marker ids)
         self._tokens = 0
         self._t0 = time.time()
 
-    def submit(self, key: Any, request: PhaseRequest, temperature: float, seed: int) -> None:
+    def submit(self, key: Hashable, request: PhaseRequest, temperature: float, seed: int) -> None:
         from vllm import SamplingParams
         from vllm.inputs.engine import tokens_input
         from vllm.sampling_params import RequestOutputKind
@@ -142,8 +148,8 @@ class VLLMPhaseEngine:
         self.engine.add_request(rid, tokens_input(list(request.prompt_ids)), params, lora_request=self.lora_request)
         self._pending[rid] = (key, request.stop_token_ids)
 
-    def poll(self) -> list[tuple[Any, PhaseOutput]]:
-        done = []
+    def poll(self) -> list[tuple[Hashable, PhaseOutput]]:
+        done: list[tuple[Hashable, PhaseOutput]] = []
         while self._pending and not done:
             if not self.engine.has_unfinished_requests():
                 raise RuntimeError(f"vLLM has no work left but {len(self._pending)} requests never finished")
@@ -165,15 +171,19 @@ class VLLMPhaseEngine:
             self._pending.clear()
 
 
-class VLLMPolicy(Policy):
-    """Generation on vLLM, training and saving on the resident transformers + peft trainer."""
+def load(model: ModelConfig, adapter_dir: Path | None = None, seed: int = 0) -> Policy:
+    """Generation on vLLM with the adapter of `adapter_dir` (None: the base model, which a new
+    adapter is), training on the shared `LoRATrainer`; the engine and the trainer load on first use."""
+    return Policy(VLLMSampler(model, adapter_dir), lambda: LoRATrainer.load(model, adapter_dir, seed=seed))
 
-    def __init__(self, model: ModelConfig, adapter_dir: Path | None = None, seed: int = 0):
+
+class VLLMSampler:
+    """`base.Sampler` on the process's vLLM engine, with the step's LoRA adapter."""
+
+    def __init__(self, model: ModelConfig, adapter_dir: Path | None = None):
         self.model_config = model
         self.adapter_dir = Path(adapter_dir) if adapter_dir is not None else None
-        self.seed = seed
         self.path = resolve_model_path(model.name)
-        self._trainer: TransformersPolicy | None = None
         self._lora: Any | None = None
 
     @property
@@ -202,57 +212,37 @@ class VLLMPolicy(Policy):
             self._lora = LoRARequest(**fresh_adapter(self.adapter_dir))
         return self._lora
 
-    def sample(self, prompts: list[str], n: int, settings: GenerationSettings, seed: int) -> list[list[Completion]]:
-        """`n` completions per prompt through vLLM (SPEC §4), sampler log-probs at the sampling temperature."""
-        out: list[list[Completion | None]] = [[None] * n for _ in prompts]
-        for i, j, completion in self.sample_stream(prompts, n, settings, seed):
-            out[i][j] = completion
-        return out  # type: ignore[return-value]
-
     def sample_stream(
-        self, prompts: list[str], n: int, settings: GenerationSettings, seed: int
+        self, prompts: list[str], n: int, sampling: SamplingConfig, seed: int
     ) -> Iterator[tuple[int, int, Completion]]:
-        """The completions of `sample` as (prompt index, index among its n, completion), each as it finishes."""
+        """`n` completions per prompt through vLLM (SPEC §4) as (prompt index, index among its n,
+        completion), each as it finishes; sampler log-probs at the sampling temperature."""
         tok = self.tokenizer
-        fmt = chat_format_for(tok, settings.think_end)
+        fmt = chat_format_for(tok, sampling.think_end)
         kwargs = self.model_config.chat_template_kwargs
-        rendered = [fmt.render(tok, p, thinking=settings.think_end is not None, **kwargs) for p in prompts]
-        held = vllm_engine.engine(self.engine_spec(settings.context_tokens))
+        rendered = [fmt.render(tok, p, thinking=sampling.think_end is not None, **kwargs) for p in prompts]
+        held = vllm_engine.engine(self.engine_spec(sampling.context_tokens))
         lora = self.lora_request()
         if lora is not None:
             vllm_engine.use_adapter(held, lora.lora_int_id)
         return stream_two_phase(
-            VLLMPhaseEngine(held.llm, lora), rendered, n, settings, seed, fmt,
+            VLLMDecodeEngine(held.llm, lora), rendered, n, sampling, seed, fmt,
             encode=lambda s: [int(t) for t in tok.encode(s, add_special_tokens=False)],
             decode=tok.decode,
             eos_ids=eos_ids(self.path),
         )
 
-    def trainer(self) -> TransformersPolicy:
-        """The resident trainer with this step's adapter (loaded on first use)."""
-        if self._trainer is None:
-            self._trainer = TransformersPolicy.load(self.model_config, self.adapter_dir, seed=self.seed)
-        return self._trainer
-
-    def sequence_logprobs(self, completions: list[Completion], with_adapter: bool = True, temperature: float | None = None) -> list:
-        """Per-token log-probs of each completion given its prompt, from the resident trainer."""
-        return self.trainer().sequence_logprobs(completions, with_adapter=with_adapter, temperature=temperature)
-
-    def train_step(
-        self, batch: TrainBatch, train: TrainConfig, temperature: float = 1.0, optimizer_state: Path | None = None
-    ) -> dict[str, float]:
-        """One optimizer step on the trainer (SPEC §2); vLLM sleeps meanwhile if so configured."""
+    @contextmanager
+    def while_training(self) -> Iterator[None]:
+        """vLLM sleeps during the trainer's step if so configured; its memory is handed back after."""
         slept = vllm_engine.sleep_if_held()
         try:
-            return self.trainer().train_step(batch, train, temperature=temperature, optimizer_state=optimizer_state)
+            yield
         finally:
             import torch
 
             if slept or torch.cuda.is_available():
                 torch.cuda.empty_cache()  # hand the activations' memory back before vLLM generates again
-
-    def save(self, adapter_dir: Path, optimizer_path: Path | None = None) -> None:
-        self.trainer().save(adapter_dir, optimizer_path)
 
 
 def eos_ids(path: str) -> set[int]:

@@ -1,4 +1,4 @@
-"""One vLLM engine per worker process, kept alive across steps (DESIGN.md, "Where things run").
+"""One vLLM engine per worker process, kept alive across steps (docs/architecture.md, "Where things run").
 
 Building an engine takes minutes (weights, CUDA graphs, KV cache), so the engine is cached at
 module level, keyed by everything that fixes it (`EngineSpec`: model, dtype, devices, context,
