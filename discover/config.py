@@ -15,6 +15,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from typing_extensions import Annotated
 
 from discover.archive import CHILDREN_SCOPES, INVALID_CHILDREN
+from discover.backends import BACKENDS as POLICY_BACKENDS
 from discover.objectives import OBJECTIVES
 from discover.reuse import REUSE_RULES
 from evaluators.sandbox import BACKENDS as SANDBOX_BACKENDS
@@ -50,6 +51,7 @@ SandboxBackend = Annotated[str, one_of(SANDBOX_BACKENDS), _enum(SANDBOX_BACKENDS
 EvaluationRunner = Annotated[str, one_of(EVALUATION_RUNNERS), _enum(EVALUATION_RUNNERS)]
 ChildrenScope = Annotated[str, one_of(CHILDREN_SCOPES), _enum(CHILDREN_SCOPES)]
 InvalidChildren = Annotated[str, one_of(INVALID_CHILDREN), _enum(INVALID_CHILDREN)]
+PolicyBackend = Annotated[str, one_of(tuple(POLICY_BACKENDS)), _enum(tuple(POLICY_BACKENDS))]
 
 EMBEDDED_MODEL = "tiny"  # the tiny model the project builds offline (discover/policy/tiny_model.py)
 EMBEDDED_MODELS = (EMBEDDED_MODEL, "tiny-qwen3")  # and a Qwen3-architecture one (discover/policy/qwen3_model.py)
@@ -67,7 +69,7 @@ class ModelConfig(_Section):
     """The policy: which model, its LoRA adapter, and where generation and training run."""
 
     name: str = Field(EMBEDDED_MODEL, description="local path, hub id, 'tiny' (GPT-2) or 'tiny-qwen3' (Qwen3 architecture), both built offline")
-    backend: str = Field("transformers", description="policy backend: 'transformers' (CPU or GPU) or 'vllm' (GPU generation; needs the gpu extra)")
+    backend: PolicyBackend = Field("transformers", description="policy backend: 'transformers' (CPU or GPU) or 'vllm' (GPU generation; needs the gpu extra)")
     lora_rank: int = Field(32, ge=1, description="LoRA rank (Table 9: 32)")
     lora_alpha: float | None = Field(None, gt=0, description="LoRA alpha; default: equal to the rank")
     target_modules: list[str] | str = Field("all-linear", description="modules that get LoRA")
@@ -80,15 +82,6 @@ class ModelConfig(_Section):
     training_devices: list[int] | None = Field(None, description="CUDA devices of the trainer (several: layers split across them); null: model.device")
     generation_memory_fraction: float | None = Field(None, gt=0, le=1, description="vllm: share of each generation GPU for vLLM; null: 0.45 if it shares a GPU with the trainer, else 0.9")
     sleep_while_training: bool = Field(False, description="vllm: free vLLM's GPU memory while training (off until shown identical on your GPU)")
-
-    @field_validator("backend")
-    @classmethod
-    def _known_backend(cls, v: str) -> str:
-        from discover.policy.registry import allowed_backends_message, backend_names
-
-        if v not in backend_names():
-            raise ValueError(allowed_backends_message())
-        return v
 
     @field_validator("generation_devices", "training_devices")
     @classmethod

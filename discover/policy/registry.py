@@ -1,8 +1,6 @@
-"""Policy backend names and where each backend lives. A new backend adds one line here.
+"""Building the policy backend that `model.backend` names (the names: discover/backends.py).
 
-A backend is a sampler over the shared LoRA trainer (docs/architecture.md, "A policy backend"):
-its factory takes `(model_config, adapter_dir, seed)` and returns a `base.Policy`. Nothing here
-imports a backend (torch, transformers, vLLM) until `load_policy` builds one.
+Nothing here imports a backend (torch, transformers, vLLM) until `load_policy` builds one.
 """
 
 from __future__ import annotations
@@ -11,34 +9,23 @@ from importlib import import_module
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+from discover.backends import BACKENDS
+
 if TYPE_CHECKING:
     from discover.config import ModelConfig
     from discover.policy.base import Policy
 
-# name -> "module:factory"; the first is the default of `model.backend`
-_BACKENDS: dict[str, str] = {
-    "transformers": "discover.policy.transformers_backend:load",
-    "vllm": "discover.policy.vllm_backend:load",
-}
-
 
 def backend_names() -> list[str]:
     """The names `model.backend` accepts, in registry order."""
-    return list(_BACKENDS)
-
-
-def allowed_backends_message() -> str:
-    """The error of an unknown `model.backend`, in pydantic's Literal style: "Input should be 'a' or 'b'"."""
-    names = [repr(n) for n in backend_names()]
-    listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
-    return f"Input should be {listed}"
+    return list(BACKENDS)
 
 
 def backend_factory(name: str) -> Callable[[ModelConfig, Path | None, int], Policy]:
     """The factory of backend `name` (imported now); a clear error for unknown names."""
-    if name not in _BACKENDS:
-        raise ValueError(f"unknown model.backend {name!r}: {allowed_backends_message()}")
-    module_name, factory = _BACKENDS[name].split(":")
+    if name not in BACKENDS:
+        raise ValueError(f"unknown model.backend {name!r}; choose one of {', '.join(BACKENDS)}")
+    module_name, factory = BACKENDS[name].split(":")
     return getattr(import_module(module_name), factory)
 
 
