@@ -77,6 +77,12 @@ class Archive:
         assert best is not None
         return best
 
+    def best_non_seeds(self, count: int) -> list[State]:
+        """The `count` best states that are not seeds: reward descending, ties by insertion order."""
+        order = {sid: i for i, sid in enumerate(self.states)}
+        ranked = sorted((s for s in self.states.values() if not s.is_seed), key=lambda s: (-s.reward, order[s.id]))
+        return ranked[: max(count, 0)]
+
     def ancestors(self, id: str) -> list[str]:
         """Ancestor ids of `id` still present in the archive, root first."""
         return [a for a in self.states[id].lineage if a in self.states]

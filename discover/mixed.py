@@ -30,12 +30,9 @@ NEIGHBOURHOOD_INSTRUCTION = (
 
 def best_past_rollouts(archive: Archive, rollouts_path: Callable[[int], Path], count: int) -> list[Rollout]:
     """The rollouts that produced the `count` best non-seed states of `archive` (reward descending,
-    ties by insertion order). `rollouts_path(step)` names a step's rollouts file; those files never
-    change once written, so which ones are read is fixed by the archive itself."""
-    if count < 1:
-        return []
-    order = {sid: i for i, sid in enumerate(archive.states)}
-    best = sorted((s for s in archive.states.values() if not s.is_seed), key=lambda s: (-s.reward, order[s.id]))[:count]
+    ties by insertion order). `rollouts_path(step)` names a step's rollouts file; `Run.reads`
+    declares the same files."""
+    best = archive.best_non_seeds(count)
     by_step: dict[int, dict[str, Rollout]] = {}
     out = []
     for s in best:

@@ -84,12 +84,21 @@ class Run:
         L = self.layout
         return {
             "select_parents": {"archive": L.archive(step)},
-            # mixed groups (SPEC §6) also read the rollouts of the archive's best states: files of earlier steps, never rewritten
-            "generate": {"parents": L.parents(step), "checkpoint": L.checkpoint(step), "archive": L.archive(step)},
+            "generate": {"parents": L.parents(step), "checkpoint": L.checkpoint(step), "archive": L.archive(step), **self._past_rollouts(step)},
             "evaluate": {"archive": L.archive(step), "rollouts": L.rollouts(step)},
             "update_archive": {"archive": L.archive(step), "parents": L.parents(step), "evaluations": L.evaluations(step)},
             "train": {"rollouts": L.rollouts(step), "evaluations": L.evaluations(step), "checkpoint": L.checkpoint(step), "archive": L.archive(step)},
         }[task]
+
+    def _past_rollouts(self, step: int) -> dict[str, Path]:
+        """Mixed groups (docs/method.md §6, MIGRATE) also read the rollouts that produced the best
+        states of the archive entering `step`: files of earlier steps, never rewritten."""
+        m = self.config.mixed
+        archive = self.layout.archive(step)
+        if not (m.greedy or m.neighbourhood) or not archive.is_file():
+            return {}
+        steps = sorted({s.step for s in load_archive(archive).best_non_seeds(max(m.greedy, 1))})  # discover/mixed.py reads these
+        return {f"rollouts-{s:04d}": self.layout.rollouts(s) for s in steps}
 
     def writes(self, task: str, step: int) -> Path:
         """The output of `task` of `step` that its reference points to and the next tasks read

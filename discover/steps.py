@@ -138,7 +138,7 @@ def generate(run_dir: Path, step: int, on_rollout: Callable[[Rollout], None] | N
     contexts = [g["context"] for g in parents]
     m = config.mixed
     if m.greedy or m.neighbourhood:  # SPEC §6, MIGRATE: slots from the best past completions and a neighbourhood prompt
-        past = best_past_rollouts(load_archive(inputs["archive"]), run.layout.rollouts, max(m.greedy, 1))
+        past = best_past_rollouts(load_archive(inputs["archive"]), run.layout.rollouts, max(m.greedy, 1))  # the files Run.reads lists
         stream = mixed_stream(
             policy, contexts, config.rollouts_per_group, sampling, run.seed("generate", step),
             run.seed("neighbourhood", step), past, m.greedy, m.neighbourhood,
