@@ -49,7 +49,7 @@ def main() -> int:
 
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    from discover.config import dump_config, parse_config
+    from discover.config import parse_config
     from flows.run_flow import discovery_run
 
     base = yaml.safe_load(args.config.read_text())
@@ -60,7 +60,7 @@ def main() -> int:
         for arm in ARMS:
             cfg = parse_config(arm_config(base, arm, seed, steps, args.out))
             t0 = time.time()
-            out = discovery_run(run_dir=str(cfg.run_dir), config_yaml=dump_config(cfg))
+            out = discovery_run(config=cfg)
             results[(arm, seed)] = (out["best_reward"], time.time() - t0)
             print(f"seed {seed} {arm:>10}: best {out['best_reward']:.4f} ({time.time() - t0:.0f} s)", flush=True)
 

@@ -39,18 +39,17 @@ def run(
     verbose: bool = typer.Option(False, "-v", "--verbose", help="show Prefect's own log lines"),
 ) -> None:
     """Start a discovery run (resumes it if RUN_DIR already holds the same configuration)."""
-    from discover.config import ConfigError, dump_config, load_config
+    from discover import steps
+    from discover.config import ConfigError, load_config
+    from discover.run import RunDirError
 
     _setup_logging(verbose)
-    from discover.preflight import PreflightError, preflight
-
     try:
         cfg = load_config(config, {"run_dir": str(run_dir)} if run_dir else None)
-        if not (cfg.run_dir / "config.yaml").is_file():
-            preflight(cfg)  # before Prefect starts and before anything is written
-    except (ConfigError, PreflightError) as err:
+        steps.create_run(cfg)  # pre-flight (a new run) and the run directory, before Prefect starts
+    except (ConfigError, RunDirError, ValueError) as err:  # PreflightError is a ValueError
         fail(str(err))
-    _run_flow(str(cfg.run_dir), dump_config(cfg))
+    _run_flow(str(cfg.run_dir))
 
 
 @app.command()
@@ -62,10 +61,11 @@ def resume(
     _setup_logging(verbose)
     if not (run_dir / "config.yaml").is_file():
         fail(f"{run_dir} is not a run directory (no config.yaml); start one with `discover run CONFIG`")
-    _run_flow(str(run_dir), None)
+    _run_flow(str(run_dir))
 
 
-def _run_flow(run_dir: str, config_yaml: str | None) -> None:
+def _run_flow(run_dir: str) -> None:
+    """Run (or resume) the run already in `run_dir` as a flow, on the Prefect API."""
     from cli.prefect_api import ensure_prefect_api
     from discover.run import RunDirError
     from flows.run_flow import discovery_run
@@ -75,7 +75,7 @@ def _run_flow(run_dir: str, config_yaml: str | None) -> None:
     except (RuntimeError, ValueError) as err:
         fail(f"{err} Set PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS higher, or PREFECT_API_URL to a running Prefect server.")
     try:
-        result = discovery_run(run_dir=run_dir, config_yaml=config_yaml)
+        result = discovery_run(run_dir=run_dir)
     except (RunDirError, ValueError) as err:  # a run directory or problem option that cannot work
         fail(str(err))
     typer.echo(f"best state {result['best_state']}: reward {result['best_reward']:.6f}  (run directory: {run_dir})")

@@ -42,7 +42,11 @@ log = logging.getLogger("discover")
 
 
 def create_run(config: RunConfig) -> Run:
-    """Check what can be checked, then create the run directory (or open the same run again)."""
+    """Check what can be checked, then create the run directory (or open the same run again).
+
+    The one place a run is pre-flighted (`discover run` calls it before Prefect starts; the run flow
+    when a deployment passes a configuration), once, and only for a run not created yet.
+    """
     if not (Path(config.run_dir) / "config.yaml").is_file():
         preflight(config)  # nothing is written for a configuration that cannot work
     return Run.create(config)

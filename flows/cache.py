@@ -1,17 +1,22 @@
-"""The cache key of a step task (DESIGN.md, "Retry, cache, resume"), composed from Prefect's
-cache policies: Prefect's TASK_SOURCE (the task's own source) + the source of the step function it
-calls + the run's inputs, i.e. the discovery run id, the step and the content hash of exactly the
-files `Run.reads` declares for the task (discover/run.py).
+"""The cache key of a step task (docs/architecture.md, "Retry, cache, resume"), composed from
+Prefect's cache policies: Prefect's TASK_SOURCE (the task's own source) + the code its step
+function runs + the run's inputs, i.e. the discovery run id, the step and the content hash of
+exactly the files `Run.reads` declares for the task (discover/run.py).
+
+The code is the step function's name and `source_digest(module_closure("discover.steps"))`
+(discover/code_version.py): the source of discover/steps.py and of every project module it
+imports, directly or through another (prompts, archive, the policy backends, the problems and
+their sandboxes, storage), so an edit in a helper a step function calls makes its task run again.
+The digest is over the whole closure, not the one function's callees: an edit anywhere in it
+re-runs every step task, which is cautious but never stale.
 
 Prefect's own RUN_ID policy is the *flow run* id, which changes when `discover resume` starts a
-new flow run, so the discovery run's id (run.json) stands in for it. What can still go stale: a
-change in a helper that a step function calls (its own source is hashed, its callees' are not);
-delete RUN_DIR/prefect-results/ to make every task run again.
+new flow run, so the discovery run's id (run.json) stands in for it. Deleting
+RUN_DIR/prefect-results/ still makes every task run again.
 """
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -19,18 +24,25 @@ from typing import Any, Optional
 from prefect.cache_policies import TASK_SOURCE, CachePolicy
 from prefect.utilities.hashing import hash_objects
 
-from discover import steps
+from discover.code_version import module_closure, source_digest
 from discover.run import Run
+
+STEPS_MODULE = "discover.steps"
+
+
+def steps_code_digest() -> str:
+    """The digest of discover/steps.py and every project module it imports (cached per process)."""
+    return source_digest(module_closure(STEPS_MODULE))
 
 
 @dataclass
 class StepSource(CachePolicy):
-    """The source of the step function (discover/steps.py) that a task calls."""
+    """The code a task's step function runs: its name and the digest of discover.steps' closure."""
 
     name: str = ""
 
     def compute_key(self, task_ctx: Any, inputs: dict[str, Any], flow_parameters: dict[str, Any], **kwargs: Any) -> Optional[str]:
-        return hash_objects(self.name, inspect.getsource(getattr(steps, self.name)), raise_on_failure=True)
+        return hash_objects(self.name, steps_code_digest(), raise_on_failure=True)
 
 
 @dataclass

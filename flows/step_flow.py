@@ -1,4 +1,4 @@
-"""One training step as a Prefect flow: select → generate → evaluate → archive → train (SPEC §1).
+"""One training step as a Prefect flow: select → generate → evaluate → archive → train (docs/method.md §1).
 
 The step's candidates are tasks of this flow's task runner (flows/engines.py; the run flow sets
 it): with `evaluation.overlap` each starts as soon as its rollout is generated, so generation and

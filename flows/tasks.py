@@ -1,7 +1,7 @@
 """Prefect tasks: each calls one function of discover/steps.py and passes references.
 
-Cache keys come from flows/cache.py (the task's source, its step function's source, the run id,
-the step and the hashes of exactly the files the task reads). Retries are for infrastructure only:
+Cache keys come from flows/cache.py (the task's source, the code its step function runs, the run
+id, the step and the hashes of exactly the files the task reads). Retries are for infrastructure only:
 a candidate's own failure is a reward of 0 inside `evaluate`, never an exception.
 
 With overlap, `generate` hands each rollout to the step's evaluation (flows/evaluation.py) as it
@@ -19,10 +19,13 @@ from typing import Any, Callable, ContextManager
 from prefect import task
 
 from discover import steps
-from discover.run import Run, RunDirError
+from discover.run import TASKS, Run, RunDirError
 from flows.cache import step_cache_policy
 from flows.evaluation import GPU_LIMIT_ENV, current_evaluation, retry_infrastructure_only
 from storage.manifest import record_task
+
+# The task names, defined once in discover/run.py; each is also the name of its step function.
+SELECT_PARENTS, GENERATE, EVALUATE, UPDATE_ARCHIVE, TRAIN = TASKS
 
 
 def _seed_gpu_slots(run: Run) -> ContextManager[Any]:
@@ -57,31 +60,31 @@ def _step_task(name: str) -> Callable[[Callable[..., Any]], Any]:
     )
 
 
-@_step_task("select_parents")
+@_step_task(SELECT_PARENTS)
 def select_parents(run_dir: str, step: int) -> dict[str, str]:
-    return _run_step("select_parents", run_dir, step)
+    return _run_step(SELECT_PARENTS, run_dir, step)
 
 
-@_step_task("generate")
+@_step_task(GENERATE)
 def generate(run_dir: str, step: int, overlap: bool = False) -> dict[str, str]:
     """With `overlap`, each rollout starts evaluating as soon as it is finished (`step_evaluation`)."""
     evaluation = current_evaluation(run_dir, step) if overlap else None
-    return _run_step("generate", run_dir, step, on_rollout=evaluation.add if evaluation is not None else None)
+    return _run_step(GENERATE, run_dir, step, on_rollout=evaluation.add if evaluation is not None else None)
 
 
-@_step_task("evaluate")
+@_step_task(EVALUATE)
 def evaluate(run_dir: str, step: int) -> dict[str, str]:
-    return _run_step("evaluate", run_dir, step, evaluation=current_evaluation(run_dir, step))
+    return _run_step(EVALUATE, run_dir, step, evaluation=current_evaluation(run_dir, step))
 
 
-@_step_task("update_archive")
+@_step_task(UPDATE_ARCHIVE)
 def update_archive(run_dir: str, step: int) -> dict[str, str]:
-    return _run_step("update_archive", run_dir, step)
+    return _run_step(UPDATE_ARCHIVE, run_dir, step)
 
 
-@_step_task("train")
+@_step_task(TRAIN)
 def train(run_dir: str, step: int) -> dict[str, str]:
-    return _run_step("train", run_dir, step)
+    return _run_step(TRAIN, run_dir, step)
 
 
 @task(name="initialise", retries=1, retry_delay_seconds=10, retry_condition_fn=retry_infrastructure_only)

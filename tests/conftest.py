@@ -24,11 +24,11 @@ SERVER_STARTUP_TIMEOUT_S = 900  # generous: on a loaded 2-core machine a first s
 RUN_SCRIPT = textwrap.dedent(
     """
     import sys
-    from discover.config import dump_config, load_config
+    from discover.config import load_config
     from flows.run_flow import discovery_run
 
     cfg = load_config(sys.argv[1])
-    result = discovery_run(run_dir=str(cfg.run_dir), config_yaml=dump_config(cfg))
+    result = discovery_run(config=cfg)
     print(cfg.problem, result["best_state"], result["best_reward"], flush=True)
     """
 )

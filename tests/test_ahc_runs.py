@@ -27,12 +27,12 @@ SEED_PROGRAM = '#include <cstdio>\nint main() { printf("%s"); }\n' % RECTANGLE.r
 _RUN_ALL = textwrap.dedent(
     """
     import sys
-    from discover.config import dump_config, load_config
+    from discover.config import load_config
     from flows.run_flow import discovery_run
 
     for path in sys.argv[1:]:
         cfg = load_config(path)
-        result = discovery_run(run_dir=str(cfg.run_dir), config_yaml=dump_config(cfg))
+        result = discovery_run(config=cfg)
         print(cfg.problem, result["best_state"], result["best_reward"], flush=True)
     """
 )

@@ -101,3 +101,55 @@ def test_a_task_whose_inputs_are_unchanged_is_not_run_again(run: Run, prefect_ap
     _touch(run.layout.archive(0))  # its input changed: it runs again
     select_once(str(run.root))
     assert executions() == 2
+
+
+# -- the code a task runs is in its key (discover/code_version.py) -----------------------------
+
+_KEY_SCRIPT = """
+import flows.cache, sys
+from flows.cache import StepSource
+assert flows.cache.__file__.startswith(sys.argv[1]), flows.cache.__file__
+print(StepSource(name="generate").compute_key(task_ctx=None, inputs={}, flow_parameters={}))
+"""
+
+
+def test_the_step_closure_holds_the_helpers_a_step_calls_and_nothing_outside() -> None:
+    from discover.code_version import module_closure
+
+    closure = set(module_closure("discover.steps"))
+    # direct and indirect imports, an import inside a function, a problem named in the registry
+    for name in ("discover.steps", "discover.prompts", "discover.reuse", "evaluators.parsing",
+                 "discover.policy.transformers_backend", "evaluators.toy.digits", "storage.atomic"):
+        assert name in closure, name
+    assert not {m for m in closure if m.split(".")[0] in ("cli", "flows", "tests")}
+
+
+def test_an_edit_in_a_helper_a_step_calls_changes_the_key(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    for package in ("cli", "discover", "evaluators", "flows", "storage"):
+        shutil.copytree(repo / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
+
+    def key() -> str:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+        env.update(PYTHONPATH=str(tmp_path), PREFECT_HOME=str(tmp_path / "prefect-home"))
+        proc = subprocess.run([sys.executable, "-c", _KEY_SCRIPT, str(tmp_path)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return proc.stdout.strip().splitlines()[-1]
+
+    def edit(relative: str) -> None:
+        path = tmp_path / relative
+        path.write_text(path.read_text() + "\n# edited\n")
+
+    before = key()
+    assert key() == before  # an unchanged tree, the same key
+    edit("cli/app.py")  # outside what a step runs
+    assert key() == before
+    edit("evaluators/parsing.py")  # reached from discover/steps.py only through other modules
+    after = key()
+    assert after != before
+    edit("discover/reuse.py")  # imported by discover/steps.py itself
+    assert key() not in (before, after)

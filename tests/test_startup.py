@@ -1,14 +1,17 @@
 """Start-up of a run on a busy machine: Prefect's temporary server gets a generous, configurable
-wait with progress lines, and a configured server is used as it is."""
+wait with progress lines, and a configured server is used as it is; the configuration is checked
+(pre-flight) once per start, before anything is written."""
 
 from __future__ import annotations
 
 import logging
 import threading
+from pathlib import Path
 
 import pytest
 
 from cli import prefect_api
+from tests.conftest import tiny_toy_config
 
 
 def _unset(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -69,3 +72,54 @@ def test_without_a_server_the_temporary_one_is_started_with_the_generous_wait(mo
     with temporary_settings({PREFECT_API_URL: None}):
         prefect_api.ensure_prefect_api()
     assert waits == [prefect_api.DEFAULT_STARTUP_TIMEOUT_S]
+
+
+@pytest.fixture
+def preflights(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Each pre-flight of a run, by its run_dir (discover.steps.create_run is the one caller)."""
+    from discover import steps
+
+    calls: list[str] = []
+    monkeypatch.setattr(steps, "preflight", lambda config: calls.append(str(config.run_dir)))
+    return calls
+
+
+def test_discover_run_preflights_once_and_creates_the_run_before_prefect_starts(
+    tmp_path: Path, preflights: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import yaml
+    from typer.testing import CliRunner
+
+    from cli import app as cli_app
+
+    flows: list[str] = []
+    monkeypatch.setattr(cli_app, "_run_flow", flows.append)  # no Prefect: what the flow is given
+    monkeypatch.setattr(cli_app, "_setup_logging", lambda verbose: None)  # leave the session's logging as it is
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(tiny_toy_config(tmp_path / "run")))
+    result = CliRunner().invoke(cli_app.app, ["run", str(tmp_path / "c.yaml")])
+    assert result.exit_code == 0, result.output
+    assert preflights == [str(tmp_path / "run")] and flows == [str(tmp_path / "run")]
+    assert (tmp_path / "run" / "config.yaml").is_file()
+    again = CliRunner().invoke(cli_app.app, ["run", str(tmp_path / "c.yaml")])  # the same run: resumed
+    assert again.exit_code == 0 and len(preflights) == 1 and len(flows) == 2
+    (tmp_path / "c2.yaml").write_text(yaml.safe_dump(tiny_toy_config(tmp_path / "run", seed=99)))
+    clash = CliRunner().invoke(cli_app.app, ["run", str(tmp_path / "c2.yaml")])
+    assert clash.exit_code == 2 and len(flows) == 2
+
+
+def test_a_flow_given_a_configuration_creates_the_run_and_resume_does_not_preflight(tmp_path: Path, preflights: list[str]) -> None:
+    from discover.config import parse_config
+    from discover.run import RunDirError
+    from flows.run_flow import _run_dir
+
+    config = parse_config(tiny_toy_config(tmp_path / "elsewhere"))
+    assert _run_dir(str(tmp_path / "run"), config, None) == str(tmp_path / "run")  # run_dir overrides
+    assert preflights == [str(tmp_path / "run")] and (tmp_path / "run" / "config.yaml").is_file()
+    assert _run_dir(str(tmp_path / "run"), None, None) == str(tmp_path / "run")  # resume
+    assert len(preflights) == 1
+    with pytest.raises(RunDirError, match="another configuration"):
+        _run_dir(str(tmp_path / "run"), parse_config(tiny_toy_config(tmp_path / "run", seed=99)), None)
+    with pytest.raises(ValueError, match="once"):
+        _run_dir(None, config, str(tmp_path / "c.yaml"))
+    with pytest.raises(ValueError, match="resume"):
+        _run_dir(None, None, None)
