@@ -35,7 +35,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-# Paper Table 8 (train x reuse), then SimpleTES (SPEC §6): no training, C chains of L steps, K candidates a step.
+# Paper Table 8 (train x reuse), then SimpleTES (docs/method.md §6): no training, C chains of L steps, K candidates a step.
 TABLE8 = {
     "TTT-Discover (adaptive entropic, PUCT)": {"train": {"objective": "entropic-adaptive"}, "reuse": {"rule": "puct"}},
     "constant-beta entropic, PUCT": {"train": {"objective": "entropic-constant"}, "reuse": {"rule": "puct"}},
@@ -49,7 +49,7 @@ TABLE8 = {
     "SimpleTES (no TTT, parallel chains)": {"train": {"objective": "none"}, "reuse": {"rule": "chains", "deduplicate": False}},
 }
 
-# The full method under the project's former rules and under the released code's (SPEC §5a).
+# The full method under the project's former rules and under the released code's (docs/method.md §5a).
 FORMER = {"seed_states": 1, "invalid_children": "zero", "children_scope": "step", "deduplicate": False}
 # The project's defaults (the released rules, the paper's uncentred KL) are table8's first arm.
 DEFAULTS = {
@@ -57,7 +57,7 @@ DEFAULTS = {
     "released code's choices (its rules + centred KL)": {"train": {"kl_center": True}},
 }
 
-# MIGRATE's mixed groups (SPEC §6) on the full method: of each group's slots, 2 re-use the best past
+# MIGRATE's mixed groups (docs/method.md §6) on the full method: of each group's slots, 2 re-use the best past
 # completions and 2 come from the neighbourhood prompt (of 16 slots: 12 on-policy).
 MIGRATE = {
     "MIGRATE groups (2 greedy + 2 neighbourhood), adaptive entropic, PUCT": {"mixed": {"greedy": 2, "neighbourhood": 2}},

@@ -1,5 +1,5 @@
 """No denoising, MAGIC and ALRA on the offline PBMC counts, scored by the denoising evaluator
-(SPEC §5d): a table of MSE, Poisson, their normalised values and the score, per split seed.
+(docs/method.md §5d): a table of MSE, Poisson, their normalised values and the score, per split seed.
 
 Every method but "no denoising" and "perfect" runs as a candidate through the evaluator, in the
 sandbox, exactly as a run scores it: the MAGIC seed (programs/magic.py, our code), MAGIC from

@@ -1,5 +1,5 @@
 """How much faster the FFT verifiers of AC1 and AC2 are than the direct convolution, and that they
-certify the same bound (SPEC §5; issue 3, "Fast verifiers").
+certify the same bound (docs/method.md §5; issue 3, "Fast verifiers").
 
 For every reference sequence it times the bound with the O(n log n) FFT convolution and with the
 O(n^2) direct one (np.convolve), each the best of several repeats, and prints both times, their

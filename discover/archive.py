@@ -1,4 +1,4 @@
-"""The in-memory archive H of states and its update rules (SPEC §3, paper Appendix A.2).
+"""The in-memory archive H of states and its update rules (docs/method.md §3, paper Appendix A.2).
 
 Everything here is deterministic: states live in an insertion-ordered dict, every sort has an
 explicit tie-break (reward, then insertion order or id), and no set is ever iterated for output.
@@ -94,7 +94,7 @@ class Archive:
     def record_expansions(self, parent_ids: list[str], children: list[Evaluation], invalid_children: str = "ignore") -> None:
         """Apply the m, n, T updates, one expansion per entry of `parent_ids`, in order.
 
-        Children are grouped by parent_id. With invalid_children "ignore" (the released code, SPEC
+        Children are grouped by parent_id. With invalid_children "ignore" (the released code, docs/method.md
         §5a) an invalid child leaves m(p) alone, so a parent whose children were all invalid keeps
         Q = R(p); with "zero" it counts as reward 0. A parent listed twice is expanded twice (n and
         T grow twice; m is a max, so it is the same either way). Every parent must be in the
@@ -105,19 +105,19 @@ class Archive:
         best_by_parent: dict[str, float] = {}
         for ch in children:
             if not ch.valid and invalid_children == "ignore":
-                continue  # SPEC §5a: invalid children do not change m(p)
-            r = ch.reward  # SPEC §3 (option "zero"): invalid children count as 0, their reward
+                continue  # docs/method.md §5a: invalid children do not change m(p)
+            r = ch.reward  # docs/method.md §3 (option "zero"): invalid children count as 0, their reward
             prev = best_by_parent.get(ch.parent_id)
             best_by_parent[ch.parent_id] = r if prev is None else max(prev, r)
         for pid in parent_ids:
             parent = self.states[pid]
             if pid in best_by_parent:
                 m = best_by_parent[pid]
-                # SPEC §3: m(p) = max(m(p), max R(C)), direct parent only
+                # docs/method.md §3: m(p) = max(m(p), max R(C)), direct parent only
                 parent.best_child_reward = m if parent.best_child_reward is None else max(parent.best_child_reward, m)
             for a in [*self.ancestors(pid), pid]:
-                self.states[a].visits += 1  # SPEC §3: n(a) += 1 for p and its ancestors in H
-            self.total_expansions += 1  # SPEC §3: T += 1
+                self.states[a].visits += 1  # docs/method.md §3: n(a) += 1 for p and its ancestors in H
+            self.total_expansions += 1  # docs/method.md §3: T += 1
 
     def insert_children(
         self, children: list[Evaluation], step: int, key_of: KeyOf, per_parent: int = 2, deduplicate: bool = False
@@ -125,12 +125,12 @@ class Archive:
         """Insert the top `per_parent` valid children of each parent; return their ids.
 
         Order: parents in order of first appearance in `children`, then reward descending, ties by
-        child id (SPEC §3). lineage = parent's lineage + (parent_id,). If the parent is no longer
+        child id (docs/method.md §3). lineage = parent's lineage + (parent_id,). If the parent is no longer
         in the archive (evicted meanwhile), its lineage is unknown and the child gets
         lineage (parent_id,) alone. `key_of` gives each valid child's key (the problem's
         archive_key); with `deduplicate`, a child whose key equals the key of a state already in the
         archive (or of a child inserted before it) is skipped before the top `per_parent` are taken
-        (SPEC §5a); an empty key matches nothing.
+        (docs/method.md §5a); an empty key matches nothing.
         """
         groups: dict[str, list[Evaluation]] = {}
         keys: dict[str, str] = {}
@@ -141,12 +141,12 @@ class Archive:
         seen = {s.key for s in self.states.values() if s.key} if deduplicate else set()
         inserted: list[str] = []
         for pid, group in groups.items():
-            group.sort(key=lambda c: (-c.reward, c.child_id))  # SPEC §3: top-2 by reward, ties by id
+            group.sort(key=lambda c: (-c.reward, c.child_id))  # docs/method.md §3: top-2 by reward, ties by id
             if deduplicate:
                 distinct = []
                 for ch in group:
                     if keys[ch.child_id] and keys[ch.child_id] in seen:
-                        continue  # SPEC §5a: a duplicate of a state in the archive is not inserted
+                        continue  # docs/method.md §5a: a duplicate of a state in the archive is not inserted
                     seen.add(keys[ch.child_id])
                     distinct.append(ch)
                 group = distinct
@@ -163,14 +163,14 @@ class Archive:
     def trim_children(self, parent_ids: Iterable[str], per_parent: int = 2) -> list[str]:
         """Keep at most `per_parent` children of each given parent in the whole archive; return evicted ids.
 
-        SPEC §5a (released code): a parent keeps its best children across all steps, ranked by
+        docs/method.md §5a (released code): a parent keeps its best children across all steps, ranked by
         reward descending, ties by earlier insertion. Grandchildren stay (lineage is by id).
         """
         order = {sid: i for i, sid in enumerate(self.states)}
         evicted: list[str] = []
         for pid in dict.fromkeys(parent_ids):
             kids = [s.id for s in self.states.values() if s.parent_id == pid and not s.is_seed]
-            kids.sort(key=lambda sid: (-self.states[sid].reward, order[sid]))  # SPEC §5a: top-2 per parent over H
+            kids.sort(key=lambda sid: (-self.states[sid].reward, order[sid]))  # docs/method.md §5a: top-2 per parent over H
             evicted.extend(kids[per_parent:])
         evicted.sort(key=order.__getitem__)
         for sid in evicted:
@@ -180,7 +180,7 @@ class Archive:
     def enforce_cap(self, max_size: int = 1000) -> list[str]:
         """Keep every seed plus the best (max_size - #seeds) non-seeds; return evicted ids.
 
-        Non-seeds are ranked by reward descending, ties by earlier insertion (SPEC §3). Seeds are
+        Non-seeds are ranked by reward descending, ties by earlier insertion (docs/method.md §3). Seeds are
         never evicted, even when they alone exceed max_size. Survivors keep insertion order;
         evicted ids are returned in insertion order.
         """

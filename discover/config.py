@@ -1,6 +1,6 @@
 """The run configuration: one typed model, validated in one place, read from YAML.
 
-Defaults follow the method paper's Table 9 (SPEC §1); `docs/defaults.md` ties each to its source.
+Defaults follow the method paper's Table 9 (docs/method.md §1); `docs/defaults.md` ties each to its source.
 A bad configuration fails here, before any work, naming the field and the allowed values.
 """
 
@@ -103,7 +103,7 @@ class ModelConfig(_Section):
 
 
 class TrainConfig(_Section):
-    """The test-time training step (SPEC §2)."""
+    """The test-time training step (docs/method.md §2)."""
 
     objective: Objective = Field("entropic-adaptive", description="how advantages are computed")
     learning_rate: float = Field(4e-5, gt=0, description="Adam learning rate (Table 9: 4e-5)")
@@ -125,7 +125,7 @@ class TrainConfig(_Section):
 
 
 class ReuseConfig(_Section):
-    """How start states are chosen from the archive (SPEC §3)."""
+    """How start states are chosen from the archive (docs/method.md §3)."""
 
     rule: ReuseRule = Field("puct", description="parent selection rule; 'chains': SimpleTES, each group refines the best state of its own seed's tree, no search over H")
     puct_c: float = Field(1.0, ge=0, description="PUCT exploration coefficient c (Table 9: 1.0)")
@@ -139,14 +139,14 @@ class ReuseConfig(_Section):
 
 
 class MixedConfig(_Section):
-    """MIGRATE's mixed groups (SPEC §6): slots of each group from the best past completions and a neighbourhood prompt."""
+    """MIGRATE's mixed groups (docs/method.md §6): slots of each group from the best past completions and a neighbourhood prompt."""
 
     greedy: int = Field(0, ge=0, description="slots per group filled with the best past completions, re-attached to the group's prompt (MIGRATE's beta)")
     neighbourhood: int = Field(0, ge=0, description="slots per group sampled from a prompt showing the best past answers, asking for a variation (MIGRATE's gamma)")
 
 
 class SamplingConfig(_Section):
-    """Generation budgets (SPEC §4)."""
+    """Generation budgets (docs/method.md §4)."""
 
     temperature: float = Field(1.0, gt=0, description="sampling temperature (paper: 1.0)")
     context_tokens: int = Field(32768, ge=16, description="context window of the model")

@@ -1,4 +1,4 @@
-"""The evaluation of one step (SPEC §1.3), one candidate at a time, wherever candidates run.
+"""The evaluation of one step (docs/method.md §1.3), one candidate at a time, wherever candidates run.
 
 Each rollout's answer is parsed here, in the flow's process; a candidate (the parsed program or
 construction, with the parent it extends) becomes a `CandidateJob` of plain data that any worker of
@@ -30,6 +30,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from discover.code_version import module_closure, source_digest
 from discover.records import Evaluation, Rollout, child_id
 from discover.run import Run, load_archive, make_problem
 from evaluators.base import EvalResult, ParentView, Problem
@@ -69,23 +70,17 @@ class CandidateJob:
 
 
 def evaluator_source(problem: Problem) -> str:
-    """A hash of what scores a candidate of `problem`: every module of its domain folder and of its
-    base classes, the sandbox backends that run it (evaluators/sandbox/) and this module."""
-    files: set[Path] = {Path(__file__)}
-    for cls in type(problem).__mro__:
-        module = inspect.getmodule(cls)
-        if module is None or not module.__name__.startswith("evaluators."):
-            continue
-        path = Path(inspect.getfile(module))
-        files.add(path)
-        if module.__name__.count(".") >= 2:  # evaluators/<domain>/<module>.py: the whole domain
-            files.update(path.parent.glob("*.py"))
-    sandbox = Path(inspect.getfile(sandbox_for)).parent
-    files.update(sandbox.glob("*.py"))
-    files.update((sandbox.parent / name) for name in ("base.py", "parsing.py"))
-    h = hashlib.sha256()
-    for path in sorted(files):
-        h.update(str(path.relative_to(sandbox.parent.parent)).encode() + b"\0" + path.read_bytes())
+    """A hash of what scores a candidate of `problem`: the source of its module and every project
+    module that imports (discover/code_version.py), of the sandbox backends (evaluators/sandbox and
+    what it imports), of this module, and every file of the problem's domain folder (drivers and
+    programs that are read as text and sent into the sandbox)."""
+    modules = {__name__, *module_closure(type(problem).__module__), *module_closure(sandbox_for.__module__)}
+    h = hashlib.sha256(source_digest(modules).encode())
+    module = inspect.getmodule(type(problem))
+    if module is not None and module.__name__.count(".") >= 2:  # evaluators/<domain>/<module>.py
+        folder = Path(inspect.getfile(module)).parent
+        for path in sorted(folder.rglob("*.py")):
+            h.update(str(path.relative_to(folder)).encode() + b"\0" + path.read_bytes())
     return h.hexdigest()
 
 

@@ -1,4 +1,4 @@
-"""MIGRATE's mixed groups (SPEC §6; shared/papers/002_*, §3 and Algorithm 1), an option of `generate`.
+"""MIGRATE's mixed groups (docs/method.md §6; shared/papers/002_*, §3 and Algorithm 1), an option of `generate`.
 
 A group of K slots is filled with alpha on-policy completions of the group's context, beta "greedy"
 completions (the best past completions of the run: the rollouts that produced the archive's best
@@ -6,7 +6,7 @@ non-seed states) and gamma "neighbourhood" completions, sampled from a prompt th
 context with the best past answers and asks for a variation of one of them. As in MIGRATE, every
 completion trains as an answer to the group's own prompt: greedy and neighbourhood completions are
 re-attached to it and their sampler log-probabilities recomputed under the current policy there, so
-the importance ratio of SPEC §2 stays near 1. Their answers are evaluated from the group's parent
+the importance ratio of docs/method.md §2 stays near 1. Their answers are evaluated from the group's parent
 like any other. Slots that have no past completion to draw on (step 0) are sampled on-policy.
 """
 
@@ -66,7 +66,7 @@ def slot_counts(k: int, greedy: int, neighbourhood: int, past: int) -> tuple[int
 def mixed_stream(policy: Policy, contexts: list[str], k: int, sampling: SamplingConfig, seed: int, neighbourhood_seed: int,
                  past: list[Rollout], greedy: int, neighbourhood: int) -> Iterator[tuple[int, int, Completion]]:
     """(group, index, completion) for K slots a group: indices [0, alpha) on-policy, then beta greedy,
-    then gamma neighbourhood completions (SPEC §6, MIGRATE's Algorithm 1), each yielded when ready."""
+    then gamma neighbourhood completions (docs/method.md §6, MIGRATE's Algorithm 1), each yielded when ready."""
     import torch
 
     alpha, beta, gamma = slot_counts(k, greedy, neighbourhood, len(past))

@@ -1,4 +1,4 @@
-"""Training objectives (SPEC §2): per-group advantages and the token-level loss.
+"""Training objectives (docs/method.md §2): per-group advantages and the token-level loss.
 
 Group level (numpy, float64): the entropic objective with an adaptive or constant beta and
 leave-one-out (LOO) advantages, the expected-reward baseline, and "none" (no training).
@@ -16,9 +16,9 @@ import torch
 
 OBJECTIVES = ("entropic-adaptive", "entropic-constant", "expected", "none")
 
-LOO_EPS = 1e-12  # SPEC §2: eps in A_n = e_n / (Z_-n + eps) - 1
-BETA_RANGE_CAP = 1e6  # SPEC §2: cap on u = beta * (r_max - r_min) while searching
-BISECTION_MAX_ITERS = 200  # SPEC §2: bisection iterations (stops earlier once the interval stops shrinking)
+LOO_EPS = 1e-12  # docs/method.md §2: eps in A_n = e_n / (Z_-n + eps) - 1
+BETA_RANGE_CAP = 1e6  # docs/method.md §2: cap on u = beta * (r_max - r_min) while searching
+BISECTION_MAX_ITERS = 200  # docs/method.md §2: bisection iterations (stops earlier once the interval stops shrinking)
 BISECTION_REL_TOL = 1e-15  # stop when (hi - lo) <= tol * hi
 
 
@@ -36,9 +36,9 @@ def kl_to_uniform(rewards: np.ndarray, beta: float) -> float:
     if k < 2:
         return 0.0
     z = beta * (r - r.max())  # <= 0, so exp never overflows
-    log_q = z - np.log(np.sum(np.exp(z)))  # SPEC §2: log q_beta(n) = beta r_n - logsumexp(beta r)
+    log_q = z - np.log(np.sum(np.exp(z)))  # docs/method.md §2: log q_beta(n) = beta r_n - logsumexp(beta r)
     q = np.exp(log_q)
-    return float(np.sum(q * (log_q + math.log(k))))  # SPEC §2: KL = sum_n q(n) log(K q(n))
+    return float(np.sum(q * (log_q + math.log(k))))  # docs/method.md §2: KL = sum_n q(n) log(K q(n))
 
 
 def adaptive_beta(rewards: np.ndarray, gamma: float = math.log(2)) -> float | None:
@@ -56,15 +56,15 @@ def adaptive_beta(rewards: np.ndarray, gamma: float = math.log(2)) -> float | No
     span = float(r.max() - r.min())
     if span <= 0.0:
         return None  # equal rewards: q is uniform for every beta, KL = 0
-    x = (r - r.min()) / span  # SPEC §2: normalise rewards by their range (x in [0, 1])
+    x = (r - r.min()) / span  # docs/method.md §2: normalise rewards by their range (x in [0, 1])
     n_max = int(np.count_nonzero(r == r.max()))
     if math.log(r.size / n_max) <= gamma:
-        return None  # SPEC §2: sup_beta KL = log(K / #argmax) <= gamma, so gamma is never reached
+        return None  # docs/method.md §2: sup_beta KL = log(K / #argmax) <= gamma, so gamma is never reached
 
     def kl(u: float) -> float:
         return kl_to_uniform(x, u)
 
-    # SPEC §2: grow the upper end by doubling (from 1.0) until the KL exceeds gamma; cap it.
+    # docs/method.md §2: grow the upper end by doubling (from 1.0) until the KL exceeds gamma; cap it.
     lo, hi = 0.0, 1.0
     while kl(hi) < gamma:
         lo = hi
@@ -72,7 +72,7 @@ def adaptive_beta(rewards: np.ndarray, gamma: float = math.log(2)) -> float | No
             return None  # unreachable within the cap (e.g. max KL = log(K / #argmax) <= gamma)
         hi = min(2.0 * hi, BETA_RANGE_CAP)
 
-    # SPEC §2: bisection on u for KL(q_u || uniform) = gamma (KL is nondecreasing in u).
+    # docs/method.md §2: bisection on u for KL(q_u || uniform) = gamma (KL is nondecreasing in u).
     for _ in range(BISECTION_MAX_ITERS):
         if hi - lo <= BISECTION_REL_TOL * hi:
             break
@@ -84,7 +84,7 @@ def adaptive_beta(rewards: np.ndarray, gamma: float = math.log(2)) -> float | No
         else:
             hi = mid
     u = 0.5 * (lo + hi)
-    return u / span  # SPEC §2: beta = u / range, in the caller's units
+    return u / span  # docs/method.md §2: beta = u / range, in the caller's units
 
 
 def loo_entropic_advantages(rewards: np.ndarray, beta: float) -> np.ndarray:
@@ -93,12 +93,12 @@ def loo_entropic_advantages(rewards: np.ndarray, beta: float) -> np.ndarray:
     k = r.size
     if k < 2:
         return np.zeros(k, dtype=np.float64)
-    e = np.exp(beta * (r - r.max()))  # SPEC §2: e_n = exp(beta (r_n - r_max))
+    e = np.exp(beta * (r - r.max()))  # docs/method.md §2: e_n = exp(beta (r_n - r_max))
     # sum_{m != n} e_m via prefix + suffix sums (no cancellation from "total - e_n")
     before = np.concatenate(([0.0], np.cumsum(e)[:-1]))
     after = np.concatenate((np.cumsum(e[::-1])[::-1][1:], [0.0]))
-    z_loo = (before + after) / (k - 1)  # SPEC §2: Z_-n = (sum_{m != n} e_m) / (K - 1)
-    return e / (z_loo + LOO_EPS) - 1.0  # SPEC §2: A_n = e_n / (Z_-n + eps) - 1
+    z_loo = (before + after) / (k - 1)  # docs/method.md §2: Z_-n = (sum_{m != n} e_m) / (K - 1)
+    return e / (z_loo + LOO_EPS) - 1.0  # docs/method.md §2: A_n = e_n / (Z_-n + eps) - 1
 
 
 @dataclass(frozen=True)
@@ -113,25 +113,25 @@ def group_advantages(
     gamma: float = math.log(2),
     constant_beta: float = 2.0,
 ) -> GroupAdvantages:
-    """Advantages for one group of K rollouts from the same start state (SPEC §2)."""
+    """Advantages for one group of K rollouts from the same start state (docs/method.md §2)."""
     if objective not in OBJECTIVES:
         raise ValueError(f"unknown objective {objective!r}; allowed values: {', '.join(OBJECTIVES)}")
     r = _as_rewards(rewards)
     zeros = np.zeros(r.size, dtype=np.float64)
     if objective == "none":
-        return GroupAdvantages(zeros, math.nan)  # SPEC §2: "none": no training
+        return GroupAdvantages(zeros, math.nan)  # docs/method.md §2: "none": no training
     if objective == "expected":
         if r.size < 2:
             return GroupAdvantages(zeros, math.nan)
-        return GroupAdvantages(r - r.mean(), math.nan)  # SPEC §2: expected reward, A_n = r_n - mean(r)
+        return GroupAdvantages(r - r.mean(), math.nan)  # docs/method.md §2: expected reward, A_n = r_n - mean(r)
     if r.size < 2:
-        return GroupAdvantages(zeros, math.nan)  # SPEC §2: K < 2 gives zero advantages
+        return GroupAdvantages(zeros, math.nan)  # docs/method.md §2: K < 2 gives zero advantages
     if objective == "entropic-constant":
-        beta = float(constant_beta)  # SPEC §2: constant beta, same LOO form
+        beta = float(constant_beta)  # docs/method.md §2: constant beta, same LOO form
         return GroupAdvantages(loo_entropic_advantages(r, beta), beta)
-    beta_or_none = adaptive_beta(r, gamma)  # SPEC §2: adaptive beta with KL = gamma
+    beta_or_none = adaptive_beta(r, gamma)  # docs/method.md §2: adaptive beta with KL = gamma
     if beta_or_none is None:
-        return GroupAdvantages(zeros, math.nan)  # SPEC §2: gamma unreachable -> zero advantages
+        return GroupAdvantages(zeros, math.nan)  # docs/method.md §2: gamma unreachable -> zero advantages
     return GroupAdvantages(loo_entropic_advantages(r, beta_or_none), beta_or_none)
 
 
@@ -150,7 +150,7 @@ def kl_shaped_advantages(
     logp_policy = logp_policy.detach()
     logp_base = logp_base.detach()
     adv = torch.as_tensor(advantage, dtype=logp_policy.dtype, device=logp_policy.device).detach()
-    # SPEC §2: KL shaping towards pi_0; released code (incorporate_kl_penalty): centred over the batch
+    # docs/method.md §2: KL shaping towards pi_0; released code (incorporate_kl_penalty): centred over the batch
     shaped = adv - kl_coef * ((logp_policy - logp_base) - center)
     return shaped.detach()
 
@@ -187,4 +187,4 @@ def importance_sampling_loss(
         ratio = ratio * torch.where(r > ratio_cap, ratio_cap / r, torch.ones_like(r))
     weight = mask.to(logp_learner.dtype) * token_advantages.detach().to(logp_learner.dtype)
     weight = torch.where(keep, weight, torch.zeros_like(weight))
-    return -(ratio * weight).sum()  # SPEC §2: importance-sampling policy gradient loss
+    return -(ratio * weight).sum()  # docs/method.md §2: importance-sampling policy gradient loss

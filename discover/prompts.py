@@ -1,9 +1,9 @@
-"""Context building for a group (SPEC §4 and §5a): the problem, the parent state, its score change,
+"""Context building for a group (docs/method.md §4 and §5a): the problem, the parent state, its score change,
 the target, and the tail of the parent's output, as the released prompts show them."""
 
 from __future__ import annotations
 
-OBSERVATION_CHARS = 500  # SPEC §5a: the released prompts show the last 500 characters of the parent's output
+OBSERVATION_CHARS = 500  # docs/method.md §5a: the released prompts show the last 500 characters of the parent's output
 
 
 def build_context(
@@ -14,7 +14,7 @@ def build_context(
     previous_reward: float | None = None,
     target: float | None = None,
 ) -> str:
-    """The text the model sees for one group (SPEC §4, "The context for a group"; SPEC §5a).
+    """The text the model sees for one group (docs/method.md §4, "The context for a group"; docs/method.md §5a).
 
     `previous_reward` is the grandparent's score (None for a seed), shown as "before -> after";
     `target` the problem's goal in reward units (None: none shown). Scores are printed with a fixed
@@ -23,9 +23,9 @@ def build_context(
     parts = [description.strip(), "", rendered_state.strip(), ""]
     if previous_reward is None:
         parts.append(f"Score of the current state: {reward:.6f}")
-    else:  # SPEC §5a: the score change from the grandparent to the parent
+    else:  # docs/method.md §5a: the score change from the grandparent to the parent
         parts.append(f"Score of the current state: {previous_reward:.6f} -> {reward:.6f} (its parent -> it)")
-    if target is not None:  # SPEC §5a: a target value for the problem
+    if target is not None:  # docs/method.md §5a: a target value for the problem
         parts.append(f"Target score: {target:.6f} (higher is better)")
     if observation.strip():
         parts += ["", "Output of the current state's program (last characters):", observation[-OBSERVATION_CHARS:].rstrip()]

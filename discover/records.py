@@ -28,12 +28,12 @@ _INT32 = {"arrow": pa.int32()}
 
 @dataclass
 class Completion:
-    """One rollout as the sampler produced it (SPEC §1 step 2, §4).
+    """One rollout as the sampler produced it (docs/method.md §1 step 2, §4).
 
     `completion_ids` are every token after the prompt, in order: generated tokens and, when the
     thinking budget ran out, the forced text (the phrase and what closes the thinking block in the
     model's chat format, `chat_format.py`). `loss_mask[i]` is 1 for a token the policy
-    generated and 0 for a forced one; only generated tokens carry loss (SPEC §2).
+    generated and 0 for a forced one; only generated tokens carry loss (docs/method.md §2).
     `sampler_logprobs[i]` is the sampler's log-probability of token i (0.0 for forced tokens).
     """
 

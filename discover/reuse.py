@@ -1,4 +1,4 @@
-"""Parent selection ("reuse") from the archive: PUCT and two baselines (SPEC §3, Appendix A.2).
+"""Parent selection ("reuse") from the archive: PUCT and two baselines (docs/method.md §3, Appendix A.2).
 
 All rules return exactly `count` state ids and are deterministic given the archive (and, for
 epsilon-greedy, the rng state).
@@ -35,28 +35,28 @@ def puct_scores(archive: Archive, c: float = 1.0) -> dict[str, float]:
     if not states:
         return {}
     size = len(states)
-    # SPEC §3: rank 0 = best reward, ties by insertion order
+    # docs/method.md §3: rank 0 = best reward, ties by insertion order
     by_rank = sorted(range(size), key=lambda i: (-states[i].reward, i))
     rank = {states[i].id: r for r, i in enumerate(by_rank)}
     norm = size * (size + 1) / 2  # sum over ranks of (|H| - rank)
     pool = [s.reward for s in states if not s.is_seed] or [s.reward for s in states]
-    # SPEC §3: scale = R_max - R_min over non-seeds (all states if none), at least 1e-6
+    # docs/method.md §3: scale = R_max - R_min over non-seeds (all states if none), at least 1e-6
     scale = max(max(pool) - min(pool), _SCALE_FLOOR)
     root_t = math.sqrt(1 + archive.total_expansions)
     scores: dict[str, float] = {}
     for s in states:
-        q = s.best_child_reward if s.best_child_reward is not None else s.reward  # SPEC §3: Q = m if expanded else R
-        p = (size - rank[s.id]) / norm  # SPEC §3: linear rank prior P ∝ |H| - rank
-        scores[s.id] = q + c * scale * p * root_t / (1 + s.visits)  # SPEC §3: PUCT score
+        q = s.best_child_reward if s.best_child_reward is not None else s.reward  # docs/method.md §3: Q = m if expanded else R
+        p = (size - rank[s.id]) / norm  # docs/method.md §3: linear rank prior P ∝ |H| - rank
+        scores[s.id] = q + c * scale * p * root_t / (1 + s.visits)  # docs/method.md §3: PUCT score
     return scores
 
 
 def select_puct(archive: Archive, count: int, c: float = 1.0) -> list[str]:
-    """Pick `count` parents by PUCT score with lineage blocking (SPEC §3).
+    """Pick `count` parents by PUCT score with lineage blocking (docs/method.md §3).
 
     States are visited by score descending (ties: reward descending, then insertion order). Taking
     a state blocks its whole lineage (ancestors and descendants in the archive) for this batch.
-    Fill rule (SPEC is silent): if fewer than `count` states could be taken, the remaining slots
+    Fill rule (the paper is silent): if fewer than `count` states could be taken, the remaining slots
     cycle through the taken states in the order taken, so the result always has `count` entries
     and repeats occur only in that case.
     """
@@ -74,7 +74,7 @@ def select_puct(archive: Archive, count: int, c: float = 1.0) -> list[str]:
             continue
         taken.append(sid)
         blocked.add(sid)
-        blocked.update(archive.ancestors(sid))  # SPEC §3: block ancestors ...
+        blocked.update(archive.ancestors(sid))  # docs/method.md §3: block ancestors ...
         blocked.update(archive.descendants(sid))  # ... and descendants for the rest of the batch
     return _fill(taken, count)
 
@@ -93,7 +93,7 @@ def select_epsilon_greedy(
     best = archive.best().id
     out = []
     for _ in range(count):
-        if rng.random() < epsilon:  # SPEC §3: explore with probability epsilon
+        if rng.random() < epsilon:  # docs/method.md §3: explore with probability epsilon
             out.append(ids[int(rng.integers(len(ids)))])
         else:
             out.append(best)
@@ -110,7 +110,7 @@ def select_none(archive: Archive, count: int) -> list[str]:
 
 
 def select_chains(archive: Archive, count: int) -> list[str]:
-    """SimpleTES (SPEC §6): C = count parallel chains, chain i refining the best state of seed i's tree.
+    """SimpleTES (docs/method.md §6): C = count parallel chains, chain i refining the best state of seed i's tree.
 
     Chain i owns seed i (seeds in insertion order, cycled when there are fewer seeds than slots)
     and every state whose lineage starts at it; its parent is the best of them (ties: earliest

@@ -1,8 +1,8 @@
-"""The five tasks of one training step (SPEC §1) and the run's initialisation, as plain functions.
+"""The five tasks of one training step (docs/method.md §1) and the run's initialisation, as plain functions.
 
 Each function opens the run (discover/run.py), reads exactly the files `Run.reads` declares for
 it, writes its one output atomically and returns a reference (`{"path": relative path, "sha256":
-content hash}`), so Prefect tasks pass small references, never tensors (DESIGN.md). Every function
+content hash}`), so Prefect tasks pass small references, never tensors. Every function
 is deterministic given the run's seed, the step and its inputs: a killed-and-resumed run repeats
 a task with the same result.
 """
@@ -73,10 +73,10 @@ def initialise(run_dir: Path) -> dict[str, Ref]:
 
 
 def _seed_states(run: Run) -> list[State]:
-    """SPEC §1: the initial states with their rewards; an invalid seed enters with reward 0."""
+    """docs/method.md §1: the initial states with their rewards; an invalid seed enters with reward 0."""
     problem = run.problem()
     rng = np.random.default_rng(run.seed("seeds", 0))
-    seeds = problem.seeds(rng, run.config.reuse.seed_states or run.config.groups)  # SPEC §5a: one seed per group
+    seeds = problem.seeds(rng, run.config.reuse.seed_states or run.config.groups)  # docs/method.md §5a: one seed per group
     sandbox = sandbox_for(problem, run.config.sandbox.backend, run.config.sandbox.concurrency)
     states = []
     scored: dict[str, EvalResult] = {}  # a seed program drawn for several groups is run once
@@ -102,7 +102,7 @@ def _seed_states(run: Run) -> list[State]:
 
 
 def select_parents(run_dir: Path, step: int) -> Ref:
-    """SPEC §1.1 and §3: choose G start states from the archive and build one context per group."""
+    """docs/method.md §1.1 and §3: choose G start states from the archive and build one context per group."""
     run = Run.open(run_dir)
     config, inputs = run.config, run.reads("select_parents", step)
     archive = load_archive(inputs["archive"])
@@ -126,7 +126,7 @@ def select_parents(run_dir: Path, step: int) -> Ref:
 
 
 def generate(run_dir: Path, step: int, on_rollout: Callable[[Rollout], None] | None = None) -> Ref:
-    """SPEC §1.2 and §4: K rollouts per context from the policy of this step, with log-probs.
+    """docs/method.md §1.2 and §4: K rollouts per context from the policy of this step, with log-probs.
 
     `on_rollout` sees each rollout as soon as the policy finishes it (discover/evaluation.py starts
     evaluating it there); the file written is the same with or without it, in (group, index) order.
@@ -141,7 +141,7 @@ def generate(run_dir: Path, step: int, on_rollout: Callable[[Rollout], None] | N
     t0 = time.time()
     contexts = [g["context"] for g in parents]
     m = config.mixed
-    if m.greedy or m.neighbourhood:  # SPEC §6, MIGRATE: slots from the best past completions and a neighbourhood prompt
+    if m.greedy or m.neighbourhood:  # docs/method.md §6, MIGRATE: slots from the best past completions and a neighbourhood prompt
         past = best_past_rollouts(load_archive(inputs["archive"]), run.layout.rollouts, max(m.greedy, 1))  # the files Run.reads lists
         stream = mixed_stream(
             policy, contexts, config.rollouts_per_group, sampling, run.seed("generate", step),
@@ -164,7 +164,7 @@ def generate(run_dir: Path, step: int, on_rollout: Callable[[Rollout], None] | N
 
 
 def evaluate(run_dir: Path, step: int, evaluation: StepEvaluation | None = None) -> Ref:
-    """SPEC §1.3: parse each rollout into a candidate and score it in the problem's sandbox.
+    """docs/method.md §1.3: parse each rollout into a candidate and score it in the problem's sandbox.
 
     `evaluation` is the step's evaluation already under way (candidates submitted while they were
     generated, on the engine the flow chose); without it, the candidates run on a thread pool here.
@@ -190,7 +190,7 @@ def evaluate(run_dir: Path, step: int, evaluation: StepEvaluation | None = None)
 
 
 def update_archive(run_dir: Path, step: int) -> Ref:
-    """SPEC §1.4 and §3: expansion statistics, top children per parent, the size cap."""
+    """docs/method.md §1.4 and §3: expansion statistics, top children per parent, the size cap."""
     run = Run.open(run_dir)
     config, inputs = run.config, run.reads("update_archive", step)
     archive = load_archive(inputs["archive"])
@@ -206,14 +206,14 @@ def update_archive(run_dir: Path, step: int) -> Ref:
 
 
 def train(run_dir: Path, step: int) -> Ref:
-    """SPEC §1.5 and §2: one optimizer step of the LoRA policy on all G x K rollouts."""
+    """docs/method.md §1.5 and §2: one optimizer step of the LoRA policy on all G x K rollouts."""
     run = Run.open(run_dir)
     config, inputs = run.config, run.reads("train", step)
     rollouts = read_rollouts(inputs["rollouts"])
     evaluations = read_evaluations(inputs["evaluations"])
     rewards = {(e.group, e.index): e.reward for e in evaluations}
     lazy = 0
-    if config.train.lazy_penalty is not None:  # ThetaEvolve (SPEC §6): a child already in H earns the penalty
+    if config.train.lazy_penalty is not None:  # ThetaEvolve (docs/method.md §6): a child already in H earns the penalty
         problem, archive = run.problem(), load_archive(inputs["archive"])
         rewards, lazy = lazy_rewards(rewards, evaluations, {s.key for s in archive.states.values() if s.key}, problem.archive_key, config.train.lazy_penalty)
     rewards_by_group: dict[int, list[float]] = {}

@@ -95,7 +95,7 @@ class ParentView:
 
 
 class Problem(Protocol):
-    """One problem (SPEC §5): everything the run, the CLI and re-evaluation ask of it.
+    """One problem (docs/method.md §5): everything the run, the CLI and re-evaluation ask of it.
 
     Subclass `BaseProblem`, which gives the defaults; nothing outside evaluators/ probes a problem
     with getattr, so every attribute below is always there.
@@ -107,7 +107,7 @@ class Problem(Protocol):
     image: str  # the evaluator image (images/<image>) its programs run in under Docker
     needs_gpu: bool  # True when evaluating needs a GPU (the sandbox gets a device request)
     limits: SandboxLimits  # per-candidate limits; `with_limits` changes them
-    target: float | None  # the reward the context names as the goal (SPEC §5a), None: no target
+    target: float | None  # the reward the context names as the goal (docs/method.md §5a), None: no target
     can_plot: bool  # whether `plot` draws anything
 
     def seeds(self, rng: np.random.Generator, count: int) -> list[SeedState]:
@@ -131,7 +131,7 @@ class Problem(Protocol):
         ...
 
     def archive_key(self, code: str, construction: Any) -> str:
-        """Equal for two states that are the same for the archive (SPEC §5a, duplicates)."""
+        """Equal for two states that are the same for the archive (docs/method.md §5a, duplicates)."""
         ...
 
     def plot(self, construction: Any, path: str) -> EvalResult:

@@ -1,4 +1,4 @@
-"""Pulling a candidate out of the model's final answer (SPEC §4)."""
+"""Pulling a candidate out of the model's final answer (docs/method.md §4)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ _FENCE = re.compile(r"```[ \t]*([\w+#.-]*)[ \t]*\n(.*?)(?:\n[ \t]*```|\Z)", re.D
 
 
 def last_fenced_block(answer: str, languages: tuple[str, ...] = ()) -> str | None:
-    """The last fenced code block of `answer` (SPEC §4), or None when there is none.
+    """The last fenced code block of `answer` (docs/method.md §4), or None when there is none.
 
     With `languages`, blocks tagged with another language are skipped (untagged blocks count).
     An unclosed final fence counts as a block running to the end of the answer, since the model
@@ -32,7 +32,7 @@ _SPACE = re.compile(r"\s+")
 
 
 def normalize_code(code: str, language: str = "python") -> str:
-    """`code` without comments and whitespace (SPEC §5a: duplicates are equal "up to comments and
+    """`code` without comments and whitespace (docs/method.md §5a: duplicates are equal "up to comments and
     whitespace"). Comment markers inside string literals are stripped too: two programs that differ
     only there are rare enough to count as the same."""
     pattern = _C_COMMENT if language in ("c", "cpp", "c++") else _PY_COMMENT

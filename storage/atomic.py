@@ -1,4 +1,4 @@
-"""Atomic writes: every file of a run appears whole or not at all (DESIGN.md, "One step, as data")."""
+"""Atomic writes: every file of a run appears whole or not at all (docs/architecture.md, "Retry, cache, resume")."""
 
 from __future__ import annotations
 

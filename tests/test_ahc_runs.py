@@ -73,7 +73,7 @@ def test_two_steps_of_each_atcoder_problem_keep_the_seeds(tmp_path: Path, cli_en
     for problem in configs:
         first, _ = read_archive(tmp_path / problem / "archive" / "0000.parquet")
         last, _ = read_archive(tmp_path / problem / "archive" / "0002.parquet")
-        # one seed state per group (SPEC §5a): 2 copies of the initial program, scored by one judging
+        # one seed state per group (docs/method.md §5a): 2 copies of the initial program, scored by one judging
         assert len(first) == 2 and all(r["is_seed"] for r in first)
         assert first[0]["code"] == first[1]["code"] and first[0]["reward"] == first[1]["reward"]
         seeds[problem] = first[0]

@@ -1,4 +1,4 @@
-"""Archive update rules (SPEC §3, §5a): m/n/T, top-2 insertion, the size cap, records round trip;
+"""Archive update rules (docs/method.md §3, §5a): m/n/T, top-2 insertion, the size cap, records round trip;
 invalid children and Q, top-2 per parent over the whole archive, duplicates."""
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ def test_record_expansions_m_n_t_with_ancestors_and_double_selection():
 
 
 def test_all_invalid_expansion_keeps_q_at_the_parents_reward():
-    # SPEC §5a (released code): c (R = 0.4) expanded with two invalid children keeps m(c) unset,
+    # docs/method.md §5a (released code): c (R = 0.4) expanded with two invalid children keeps m(c) unset,
     # so Q(c) = R(c) = 0.4; it still counts as a visit (n(c) = 1, n(s) = 1, T = 1).
     ar = _chain()
     ar.record_expansions(["c"], [_child("c1", "c", 9.0, valid=False), _child("c2", "c", 0.0, valid=False)])

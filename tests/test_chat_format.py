@@ -1,4 +1,4 @@
-"""Chat formats (SPEC §4, §5a "Forced answer") on tokenizers and templates built offline."""
+"""Chat formats (docs/method.md §4, §5a "Forced answer") on tokenizers and templates built offline."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The denoising protocol without a sandbox (SPEC §5d): the counts, the split, the metrics as
+"""The denoising protocol without a sandbox (docs/method.md §5d): the counts, the split, the metrics as
 OpenProblems computed the published numbers, the normalisation, validity, acceptance and reward."""
 
 from __future__ import annotations

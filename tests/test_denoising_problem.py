@@ -1,4 +1,4 @@
-"""The denoising Problem's contract (SPEC §5d): options and their errors, limits and the text that
+"""The denoising Problem's contract (docs/method.md §5d): options and their errors, limits and the text that
 states them, the seed, duplicates, data given to `verify`, the configuration with the paper's settings."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Denoising candidates in the sandbox (SPEC §5d): the MAGIC seed's score, every invalid output
+"""Denoising candidates in the sandbox (docs/method.md §5d): the MAGIC seed's score, every invalid output
 with reward 0 and its reason, and a hostile candidate that hunts for the held-out counts.
 
 Each test runs on the process backend and, where the `bio` image is built (`make images`), on

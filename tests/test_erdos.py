@@ -1,4 +1,4 @@
-"""Erdős minimum overlap (SPEC §5): the verifier, the seeds, the prompt and an end-to-end run."""
+"""Erdős minimum overlap (docs/method.md §5): the verifier, the seeds, the prompt and an end-to-end run."""
 
 from __future__ import annotations
 

@@ -138,7 +138,7 @@ def test_ac_candidates_run_in_the_sandbox_and_return_plain_data(sandbox: Process
 
 @pytest.mark.parametrize("problem", ["ac1", "ac2"])
 def test_ac_starter_programs_improve_on_a_random_seed(sandbox: ProcessSandbox, problem: str) -> None:
-    # SPEC §5a: each AC seed state carries a starter program; run on its own seed it must return a
+    # docs/method.md §5a: each AC seed state carries a starter program; run on its own seed it must return a
     # valid, better construction (AC1: LP steps from the constant 2.0 to about 1.54; AC2: 2/3 up).
     p = get_problem(problem)
     seed = p.seeds(np.random.default_rng(3), 1)[0]

@@ -67,7 +67,7 @@ def test_two_steps_of_each_math_problem_keep_the_seeds_with_their_rewards(tmp_pa
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert [line.split()[0] for line in proc.stdout.splitlines()] == PROBLEMS
 
-    # erdos: seed_states 3; ac2: the file's two; the others one per group (SPEC §5a), 2 groups
+    # erdos: seed_states 3; ac2: the file's two; the others one per group (docs/method.md §5a), 2 groups
     expected_seeds = {"erdos": 3, "ac1": 2, "ac2": 2, "circles-26": 2, "circles-32": 2}
     for problem in PROBLEMS:
         run_dir = tmp_path / problem
@@ -80,7 +80,7 @@ def test_two_steps_of_each_math_problem_keep_the_seeds_with_their_rewards(tmp_pa
             verdict = verifier.verify(seed["construction"])
             assert verdict.valid and seed["reward"] == verdict.reward > 0
         kept = {r["id"]: r["reward"] for r in last if r["is_seed"]}
-        assert kept == {s["id"]: s["reward"] for s in seeds}  # seeds are always kept (SPEC §3)
+        assert kept == {s["id"]: s["reward"] for s in seeds}  # seeds are always kept (docs/method.md §3)
         assert all(r["reward"] > 0 for r in last)  # only valid states enter the archive
         evaluations = run_dir / "steps" / "0001" / "evaluations.parquet"
         assert evaluations.is_file()

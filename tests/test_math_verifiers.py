@@ -1,4 +1,4 @@
-"""The mathematics verifiers (SPEC §5): published bounds reproduced, hostile input rejected with a
+"""The mathematics verifiers (docs/method.md §5): published bounds reproduced, hostile input rejected with a
 reason, the FFT guard, exact circle checks and the tolerance every report states."""
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def test_ac1_matches_thetaevolves_six_digit_figure_for_alphaevolve_v2(published:
 
 
 def _spec_ac1(f: np.ndarray) -> float:
-    """SPEC §5 written out with the direct convolution and nothing else."""
+    """docs/method.md §5 written out with the direct convolution and nothing else."""
     return 2 * len(f) * np.convolve(f, f).max() / f.sum() ** 2
 
 

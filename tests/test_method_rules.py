@@ -1,4 +1,4 @@
-"""The released code's choices (SPEC §5a) and the other papers' options (SPEC §6), each against a
+"""The released code's choices (docs/method.md §5a) and the other papers' options (docs/method.md §6), each against a
 hand-worked example: one seed per group, the context, the lazy penalty."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ def _evaluation(group, index, construction, valid=True, reward=0.5):
 
 
 def test_one_seed_state_per_group_by_default(tmp_path: Path) -> None:
-    # SPEC §5a: G = 3 groups -> 3 seeds; seed_states: 1 keeps the old single shared seed.
+    # docs/method.md §5a: G = 3 groups -> 3 seeds; seed_states: 1 keeps the old single shared seed.
     run = Run.create(parse_config(tiny_toy_config(tmp_path / "a", groups=3)))
     seeds = _seed_states(run)
     assert [s.id for s in seeds] == ["seed-0", "seed-1", "seed-2"]

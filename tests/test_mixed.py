@@ -1,4 +1,4 @@
-"""MIGRATE's mixed groups (SPEC §6): slot counts, the best past completions, and a real two-step toy
+"""MIGRATE's mixed groups (docs/method.md §6): slot counts, the best past completions, and a real two-step toy
 run whose second step fills each group with on-policy, greedy and neighbourhood completions."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Tests for discover/objectives.py (SPEC §2)."""
+"""Tests for discover/objectives.py (docs/method.md §2)."""
 
 from __future__ import annotations
 

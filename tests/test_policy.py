@@ -164,7 +164,7 @@ def test_forced_phrase_when_thinking_budget_runs_out():
     settings = SamplingConfig(
         context_tokens=2048, thinking_budget=prompt_len + think, max_answer_tokens=7, think_end=MARKER
     )
-    # the plain format (no chat template) closes the thinking with the configured marker (SPEC §5a)
+    # the plain format (no chat template) closes the thinking with the configured marker (docs/method.md §5a)
     phrase = policy.sampler.tokenizer.encode(FORCED_PHRASE + MARKER, add_special_tokens=False)
     comps = policy.sample([PROMPT], 6, settings, seed=2)[0]
     for c in comps:

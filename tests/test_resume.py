@@ -1,5 +1,5 @@
 """A run killed with SIGKILL inside its initialisation and inside each of the five tasks resumes to
-the same archive (DESIGN.md). The kills come from tests/faults/sitecustomize.py."""
+the same archive (docs/architecture.md, "Retry, cache, resume"). The kills come from tests/faults/sitecustomize.py."""
 
 from __future__ import annotations
 

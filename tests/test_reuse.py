@@ -1,4 +1,4 @@
-"""Parent selection (SPEC §3): PUCT scores, lineage blocking, fill rule and the baselines."""
+"""Parent selection (docs/method.md §3): PUCT scores, lineage blocking, fill rule and the baselines."""
 
 from __future__ import annotations
 

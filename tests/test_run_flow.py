@@ -32,7 +32,7 @@ def test_a_two_step_run_leaves_a_run_directory_users_can_query(tmp_path: Path, c
     # the archive opens in DuckDB with each state's code, reward, parent, step and lineage
     archive = run_dir / "archive" / "0002.parquet"
     rows = duckdb.sql(f"select state_id, reward, parent_id, step, lineage, code from '{archive}' order by reward desc").fetchall()
-    seeds = {"seed-0", "seed-1"}  # one seed state per group (SPEC §5a), 2 groups
+    seeds = {"seed-0", "seed-1"}  # one seed state per group (docs/method.md §5a), 2 groups
     assert rows and seeds <= {r[0] for r in rows}
     for state_id, reward, parent_id, step, lineage, code in rows:
         if state_id not in seeds:

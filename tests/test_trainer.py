@@ -105,7 +105,7 @@ def test_split_batch_gradient_equals_unsplit(model, rollouts):
 
 
 def _one_pass_gradient(policy, comps, advantages, kl_coef, center=False):
-    """The reference: every rollout in one right-padded pass, the SPEC §2 loss, one backward."""
+    """The reference: every rollout in one right-padded pass, the docs/method.md §2 loss, one backward."""
     from discover.objectives import kl_shaped_advantages
 
     model = policy.trainer.model

@@ -94,7 +94,7 @@ def test_without_a_gpu_auto_uses_the_cpu_check_and_cuda_says_so_in_one_line() ->
 
 
 def test_every_run_compiles_into_a_fresh_triton_cache_of_its_own() -> None:
-    """SPEC §5c: no compilation or autotuning result is reused across candidates."""
+    """docs/method.md §5c: no compilation or autotuning result is reused across candidates."""
     from evaluators.kernels.trimul.problem import SAMPLING, SHAPES, TIMING
 
     shape = SHAPES["tests"][0]

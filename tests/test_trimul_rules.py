@@ -1,5 +1,5 @@
 """TriMul's pieces that need neither a sandbox nor a GPU: the rules read from the source, the
-inputs and the reference against SPEC §5c, the tolerance, the roofline floors, the verdict on
+inputs and the reference against docs/method.md §5c, the tolerance, the roofline floors, the verdict on
 forged or impossible reports, the GPU leases and the problem's contract."""
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ def test_two_steps_of_trimul_keep_the_initial_kernel(tmp_path: Path, long_contex
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert proc.stdout.split()[0] == "trimul"
     seeds, _ = archive_records(run_dir / "archive" / "0000.parquet")
-    # one seed state per group (SPEC §5a): 2 copies of the initial kernel, timed once
+    # one seed state per group (docs/method.md §5a): 2 copies of the initial kernel, timed once
     assert len(seeds) == 2 and all(s["is_seed"] and s["code"] == INITIAL_KERNEL for s in seeds)
     assert seeds[0]["reward"] == seeds[1]["reward"]
     last, _ = archive_records(run_dir / "archive" / "0002.parquet")

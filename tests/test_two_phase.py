@@ -1,4 +1,4 @@
-"""The backend-neutral two-phase completion (SPEC §4) on a scripted engine: exact tokens, masks, limits."""
+"""The backend-neutral two-phase completion (docs/method.md §4) on a scripted engine: exact tokens, masks, limits."""
 
 from __future__ import annotations
 
@@ -207,7 +207,7 @@ def test_a_consumer_that_stops_early_cancels_the_rest():
 
 
 def test_think_tags_format_closes_the_thinking():
-    """SPEC §5a: with think_end '</think>' the forced text of a Qwen3-style model ends with '</think>\\n\\n'."""
+    """docs/method.md §5a: with think_end '</think>' the forced text of a Qwen3-style model ends with '</think>\\n\\n'."""
     fmt = ChatFormat("think-tags")
     text = fmt.forced_text("... out of thinking tokens.\n\n", "</think>")
     assert text.endswith("</think>\n\n") and text.startswith("... out of thinking tokens.")

@@ -1,4 +1,4 @@
-"""TriMul kernels for the tests: correct ones, and hostile ones for each reward hack of SPEC §5c.
+"""TriMul kernels for the tests: correct ones, and hostile ones for each reward hack of docs/method.md §5c.
 
 Each hostile kernel computes the right answer with PyTorch (fast under Triton's interpreter) and
 passes it through a small Triton kernel (so it "uses Triton"), then cheats in one way.

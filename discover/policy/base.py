@@ -17,7 +17,7 @@ if TYPE_CHECKING:  # torch is imported where a backend is loaded, not where reco
 
 @dataclass
 class TrainBatch:
-    """Everything one optimizer step needs, per rollout (SPEC §2)."""
+    """Everything one optimizer step needs, per rollout (docs/method.md §2)."""
 
     completions: list[Completion]
     advantages: list[float]  # one sequence-level advantage A_n per completion

@@ -1,6 +1,6 @@
 """How a context becomes prompt tokens, and how a thinking block is closed, per model family.
 
-SPEC §4 and §5a ("Forced answer"): when the thinking budget runs out, the appended phrase must
+docs/method.md §4 and §5a ("Forced answer"): when the thinking budget runs out, the appended phrase must
 also close the model's thinking block *in the model's own chat format*, or the model keeps
 thinking. Three families cover the models the method is run with:
 
@@ -54,7 +54,7 @@ class ChatFormat:
         return [int(t) for t in ids]
 
     def closing_text(self, think_end: str) -> str:
-        """What follows the forced phrase so that the model's thinking block is closed (SPEC §5a)."""
+        """What follows the forced phrase so that the model's thinking block is closed (docs/method.md §5a)."""
         if self.family == "harmony":
             return HARMONY_CLOSE
         if self.family == "think-tags":

@@ -4,7 +4,7 @@ A micro-batch is a set of sequences laid out as right-padded rows; its cost is r
 row, the tokens the forward and backward passes actually process. Sequences are taken longest
 first, and a row is at least half as long as the longest row of its micro-batch, so padding is
 less than half of what is processed (in practice far less). The gradient of the
-batch is the sum of the micro-batches' gradients (the loss of SPEC §2 is a sum over tokens), so
+batch is the sum of the micro-batches' gradients (the loss of docs/method.md §2 is a sum over tokens), so
 the split changes memory and speed, never the update.
 """
 

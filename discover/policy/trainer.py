@@ -1,4 +1,4 @@
-"""The LoRA trainer every policy backend shares (`LoRATrainer`), and its step (SPEC §2), sized for
+"""The LoRA trainer every policy backend shares (`LoRATrainer`), and its step (docs/method.md §2), sized for
 512 rollouts of 32k tokens.
 
 * `LoRATrainer` wraps the resident base model (`resident.py`) with the step's adapter and does
@@ -13,7 +13,7 @@
   each chunk recomputed in the backward pass: a 32k x 152k logits tensor never exists.
 * Gradient checkpointing on the decoder layers (when enabled on the model) keeps one layer's
   activations at a time; dropout is off everywhere, so learner and sampler see one function.
-* The KL term's base log-probs come from the same model with the adapter disabled (SPEC §2).
+* The KL term's base log-probs come from the same model with the adapter disabled (docs/method.md §2).
 * The importance ratio exp(logp_learner - logp_sampler) is reported per step (mean, max, mean
   absolute log-prob gap) and optionally truncated (`train.importance_ratio_cap`).
 """
@@ -59,7 +59,7 @@ def _chunk_logprobs(head: torch.nn.Module, h: torch.Tensor, targets: torch.Tenso
     logits = head(h).float()
     if softcap:
         logits = torch.tanh(logits / softcap) * softcap
-    logits = logits / temperature  # SPEC §2/§4: log-probs under the temperature-scaled distribution
+    logits = logits / temperature  # docs/method.md §2/§4: log-probs under the temperature-scaled distribution
     return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
 
@@ -130,7 +130,7 @@ def accumulate_gradients(
     ratio_cap: float | None = None,
     kl_center: bool = False,
 ) -> dict[str, Any]:
-    """Backward of the step's loss (SPEC §2) into the adapter's .grad, micro-batch by micro-batch.
+    """Backward of the step's loss (docs/method.md §2) into the adapter's .grad, micro-batch by micro-batch.
 
     Rollouts with no trainable token, or with a zero advantage and no KL term, contribute nothing
     and are skipped. With `kl_center` the base model's log-probs of every micro-batch are computed
@@ -146,7 +146,7 @@ def accumulate_gradients(
     t = _Totals()
 
     def base_logprobs(comps: list[Completion]) -> torch.Tensor:
-        with torch.no_grad(), model.disable_adapter():  # SPEC §2: pi_0 is the base model, LoRA off
+        with torch.no_grad(), model.disable_adapter():  # docs/method.md §2: pi_0 is the base model, LoRA off
             return torch.cat(token_logprobs(model, comps, temperature, pad_id)).float().cpu()
 
     def sampler_logprobs(comps: list[Completion]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -169,7 +169,7 @@ def accumulate_gradients(
         dev = lp_l.device
         mask, lp_s, adv = mask.to(dev), lp_s.to(dev), adv.to(dev)
         lp_b = lp_b.to(dev) if kl_coef > 0 else lp_s
-        token_adv = kl_shaped_advantages(adv, lp_s, lp_b, kl_coef, center)  # SPEC §2: A_n - lambda (log pi - log pi_0)
+        token_adv = kl_shaped_advantages(adv, lp_s, lp_b, kl_coef, center)  # docs/method.md §2: A_n - lambda (log pi - log pi_0)
         loss = importance_sampling_loss(lp_l, lp_s, token_adv, mask, ratio_cap=ratio_cap)
         loss.backward()
         with torch.no_grad():
@@ -298,7 +298,7 @@ class LoRATrainer:
         temperature: float = 1.0,
         optimizer_state: Path | None = None,
     ) -> dict[str, float]:
-        """One Adam step on the LoRA parameters with the KL-shaped importance-sampling loss (SPEC §2)."""
+        """One Adam step on the LoRA parameters with the KL-shaped importance-sampling loss (docs/method.md §2)."""
         if len(batch.advantages) != len(batch.completions):
             raise ValueError(f"{len(batch.completions)} completions but {len(batch.advantages)} advantages")
         opt = self._ensure_optimizer(train)

@@ -4,7 +4,7 @@
   the model the shared `trainer.LoRATrainer` trains (the step's adapter, no copy); the prompt is
   rendered and the thinking closed in the model's chat format (`chat_format.py`).
 * Log-probabilities are under the temperature-scaled distribution, `log_softmax(logits / temperature)`,
-  the distribution the sampler drew from (SPEC §2, §4).
+  the distribution the sampler drew from (docs/method.md §2, §4).
 * Training and saving are the `LoRATrainer`'s (docs/architecture.md, "A policy backend").
 """
 
@@ -76,7 +76,7 @@ class TransformersSampler:
         self, prompts: list[str], n: int, sampling: SamplingConfig, seed: int
     ) -> Iterator[tuple[int, int, Completion]]:
         """`n` completions per prompt as (prompt index, index among its n, completion), as they
-        finish; identical tokens for the same seed (SPEC §4)."""
+        finish; identical tokens for the same seed (docs/method.md §4)."""
         fmt = self.chat_format(sampling.think_end)
         rendered = [self.render_prompt(p, sampling.think_end) for p in prompts]
         model = self.trainer.model

@@ -1,4 +1,4 @@
-"""The two-phase completion of SPEC §4, the same for every policy backend.
+"""The two-phase completion of docs/method.md §4, the same for every policy backend.
 
 A backend supplies a `DecodeEngine` (`engine.py`): something that continues token prompts until
 EOS, a stop marker, or a token limit, returning the sampled tokens with their sampler
@@ -7,7 +7,7 @@ log-probabilities. This module decides everything else, once for all backends:
 * Phase 1 (only with `think_end`): sample from the prompt until the model closes its thinking
   (the marker), ends the sequence (EOS), or prompt + thinking reaches `thinking_budget`.
 * When the budget ran out, the forced text (`ChatFormat.forced_text`: the out-of-thinking phrase
-  *and* what closes the thinking block in the model's chat format, SPEC §5a) is appended as
+  *and* what closes the thinking block in the model's chat format, docs/method.md §5a) is appended as
   tokens with loss_mask 0 and sampler log-prob 0.0; `forced` is set.
 * Phase 2 (the answer; the only phase without `think_end`): continue from prompt + everything so
   far until EOS, `max_answer_tokens`, or the context (`finish_reason` "length" for the last two).
@@ -101,7 +101,7 @@ def stream_two_phase(
     eos_ids: set[int],
     forced_phrase: str = FORCED_PHRASE,
 ) -> Iterator[tuple[int, int, Completion]]:
-    """`k` completions per prompt (SPEC §4) as (prompt index, index among its k, completion), each
+    """`k` completions per prompt (docs/method.md §4) as (prompt index, index among its k, completion), each
     as soon as it is finished; deterministic in `seed` for a deterministic engine. `forced_phrase`
     is Table 9's (tests shorten it)."""
     if settings.temperature <= 0:
@@ -184,7 +184,7 @@ class _TwoPhase:
             yield from self._answer(key)
 
     def _force(self, key: Key) -> None:
-        """SPEC §4: the thinking budget ran out; append the forced text (loss_mask 0) as far as it fits."""
+        """docs/method.md §4: the thinking budget ran out; append the forced text (loss_mask 0) as far as it fits."""
         d = self.drafts[key]
         take = self.forced_ids[: max(0, self.context - d.used())]
         d.tokens += take

@@ -215,7 +215,7 @@ class VLLMSampler:
     def sample_stream(
         self, prompts: list[str], n: int, sampling: SamplingConfig, seed: int
     ) -> Iterator[tuple[int, int, Completion]]:
-        """`n` completions per prompt through vLLM (SPEC §4) as (prompt index, index among its n,
+        """`n` completions per prompt through vLLM (docs/method.md §4) as (prompt index, index among its n,
         completion), each as it finishes; sampler log-probs at the sampling temperature."""
         tok = self.tokenizer
         fmt = chat_format_for(tok, sampling.think_end)

@@ -12,7 +12,7 @@ before the environment changes), so the trainer's device indices keep their mean
 
 Log-probabilities: `logprobs_mode="processed_logprobs"`, the log-softmax of the logits after
 temperature scaling, i.e. of the distribution the token was drawn from (the learner's convention,
-SPEC §2). With temperature 1.0 and no top-k/top-p/min-p/penalties (none are set) they equal vLLM's
+docs/method.md §2). With temperature 1.0 and no top-k/top-p/min-p/penalties (none are set) they equal vLLM's
 "raw" log-probs; at another temperature only the processed ones are the sampler's.
 """
 

@@ -1,4 +1,4 @@
-"""Algorithm engineering (SPEC §5b): AtCoder Heuristic Contests 039 and 058, C++ programs judged on
+"""Algorithm engineering (docs/method.md §5b): AtCoder Heuristic Contests 039 and 058, C++ programs judged on
 the contests' public cases. `JUDGES` is what `discover judge` uses."""
 
 from __future__ import annotations

@@ -242,7 +242,7 @@ class PurseSeineProblem(AtCoderProblem):
 
     name = contest = "ahc039"
     scale = 1500.0
-    # SPEC §5a: the prompt's target. The contest's 1st place (a human) scored 566,997 over its 150
+    # docs/method.md §5a: the prompt's target. The contest's 1st place (a human) scored 566,997 over its 150
     # official cases: that mean per case, in reward units.
     target = 566_997 / 150 / 1500.0
     builtin_program = "ahc039_initial.cpp"  # our own simple program (the paper started from a strong published one)

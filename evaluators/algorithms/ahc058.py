@@ -152,7 +152,7 @@ class AppleGameProblem(AtCoderProblem):
 
     name = contest = "ahc058"
     scale = 3_000_000.0
-    # SPEC §5a: the prompt's target. The contest's 1st place (a human) scored 847,674,723 over its 150
+    # docs/method.md §5a: the prompt's target. The contest's 1st place (a human) scored 847,674,723 over its 150
     # official cases: that mean per case, in reward units.
     target = 847_674_723 / 150 / 3_000_000.0
     builtin_program = None  # from scratch, as in the paper

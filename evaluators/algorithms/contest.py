@@ -1,4 +1,4 @@
-"""What the two AtCoder problems share (SPEC §5b): a C++ program compiled once and run on the
+"""What the two AtCoder problems share (docs/method.md §5b): a C++ program compiled once and run on the
 contest's public cases in the sandbox, each case's raw output judged on the host by the contest's
 judge, and the reward = mean case score / scale when every case passes, else 0.
 
@@ -11,7 +11,7 @@ false` runs them all.
 A state's construction is its per-case table ({"cases": [[case, verdict, score, cpu_s, peak_mb],
 ...]}), kept in the archive for every state (seeds included) so that a report can show the best
 program's cases; the evaluation's metrics hold the same per case plus totals. Two programs are the
-same state when their code is equal up to comments and whitespace (SPEC §5a), whatever their
+same state when their code is equal up to comments and whitespace (docs/method.md §5a), whatever their
 results.
 """
 
@@ -40,7 +40,7 @@ log = logging.getLogger("discover.algorithms")
 HERE = Path(__file__).resolve().parent
 PROGRESS_EVERY_S = 30.0  # an INFO progress line per evaluation at most this often (every case: DEBUG)
 CPP_TAGS = ("cpp", "c++", "cc", "cxx", "c")
-# SPEC §5b: 2 s and 1024 MB per case; §5a: an evaluation may take 530 s; 2 cases at once by default.
+# docs/method.md §5b: 2 s and 1024 MB per case; §5a: an evaluation may take 530 s; 2 cases at once by default.
 PAPER_LIMITS = {"timeout_s": 530.0, "memory_mb": 1024, "cpus": 2}
 OUTPUT_CAP = 32 * 1024 * 1024  # bytes of stdout per case
 
@@ -95,7 +95,7 @@ class AtCoderProblem(BaseProblem):
         return f"Program:\n```cpp\n{code.strip()}\n```"
 
     def archive_key(self, code: str, construction: Any) -> str:
-        """The program up to comments and whitespace (SPEC §5a); its results do not matter."""
+        """The program up to comments and whitespace (docs/method.md §5a); its results do not matter."""
         return hashlib.sha256(("code:" + normalize_code(code, "cpp")).encode()).hexdigest()
 
     # -- states ------------------------------------------------------------------------------------
@@ -203,7 +203,7 @@ class AtCoderProblem(BaseProblem):
         )
 
     def evaluate(self, candidate: str, parent: ParentView | None, sandbox: Any) -> EvalResult:
-        """Compile, run every selected case, judge each output on the host (SPEC §5b)."""
+        """Compile, run every selected case, judge each output on the host (docs/method.md §5b)."""
         tag = hashlib.sha256(candidate.encode()).hexdigest()[:8]
         start = time.monotonic()
         rows: dict[int, dict[str, Any]] = {}

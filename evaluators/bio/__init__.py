@@ -1,1 +1,1 @@
-"""Biology problems (SPEC §5d): candidates run in the `bio` image (images/bio)."""
+"""Biology problems (docs/method.md §5d): candidates run in the `bio` image (images/bio)."""

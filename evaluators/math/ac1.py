@@ -1,4 +1,4 @@
-"""First autocorrelation inequality (SPEC §5, App. B.2): a non-negative step function f on
+"""First autocorrelation inequality (docs/method.md §5, App. B.2): a non-negative step function f on
 [-1/4, 1/4] certifies the upper bound C1 <= max(f * f) / (integral f)^2; lower is better.
 
 With f given by n equal pieces the bound is 2 n max(f * f) / (sum f)^2 (`*` the full discrete
@@ -20,7 +20,7 @@ ROUND_UP = 1e-14  # relative: covers the few roundings after the convolution (su
 
 
 def ac1_bound(f: np.ndarray, method: str = "auto") -> float:
-    """A certified upper bound on 2 n max(f * f) / (sum f)^2 (SPEC §5, App. B.2)."""
+    """A certified upper bound on 2 n max(f * f) / (sum f)^2 (docs/method.md §5, App. B.2)."""
     c, error = autoconvolution(f, method)
     total = math.fsum(f)  # correctly rounded sum
     # max of the exact f * f is at most max(c) + error; then round the quotient up.
@@ -32,11 +32,11 @@ class FirstAutocorrelationProblem(AutocorrelationProblem):
 
     name = "ac1"
     starter = "ac1_lp.py"  # linear-programming steps, as the released AC1 seed program takes
-    target = 1.0 / BEST_KNOWN_BOUND  # SPEC §5a: the record to beat, in reward units (1 / bound)
+    target = 1.0 / BEST_KNOWN_BOUND  # docs/method.md §5a: the record to beat, in reward units (1 / bound)
 
     def certify(self, f: np.ndarray) -> tuple[float, dict[str, float]]:
         bound = ac1_bound(f)
-        return 1.0 / bound, {"bound": bound, "pieces": len(f)}  # SPEC §5: reward = 1 / bound
+        return 1.0 / bound, {"bound": bound, "pieces": len(f)}  # docs/method.md §5: reward = 1 / bound
 
     def describe(self, limits: SandboxLimits) -> str:
         return f"""\

@@ -1,4 +1,4 @@
-"""Second autocorrelation inequality (SPEC §5, App. B.2): a non-negative step function f
+"""Second autocorrelation inequality (docs/method.md §5, App. B.2): a non-negative step function f
 certifies the lower bound C2 >= ||f * f||_2^2 / (||f * f||_1 ||f * f||_inf); higher is better.
 
 With c = f * f (m = 2n - 1 entries) read as a piecewise-linear function through m + 2 equally
@@ -21,7 +21,7 @@ ROUND_DOWN = 1e-14  # relative: covers the roundings after the convolution (term
 
 
 def ac2_bound(f: np.ndarray, method: str = "auto") -> float:
-    """A certified lower bound on L2^2 / (L1 Linf) of c = f * f (SPEC §5, App. B.2)."""
+    """A certified lower bound on L2^2 / (L1 Linf) of c = f * f (docs/method.md §5, App. B.2)."""
     c, error = autoconvolution(f, method)
     m = len(c)
     step = 1.0 / (m + 1)  # m + 2 equally spaced points of [-1/2, 1/2]: m + 1 intervals
@@ -29,11 +29,11 @@ def ac2_bound(f: np.ndarray, method: str = "auto") -> float:
     # gives a lower bound on it, and max(c) + error an upper bound on Linf.
     low = np.concatenate(([0.0], np.maximum(c - error, 0.0), [0.0]))
     y1, y2 = low[:-1], low[1:]
-    # SPEC §5: L2^2 = sum over intervals of h/3 (y1^2 + y1 y2 + y2^2) (exact for a linear piece)
+    # docs/method.md §5: L2^2 = sum over intervals of h/3 (y1^2 + y1 y2 + y2^2) (exact for a linear piece)
     l2_squared = step / 3.0 * math.fsum(y1 * y1 + y1 * y2 + y2 * y2)
-    # SPEC §5: L1 = sum |c| / (m + 1); sum_k (f * f)_k = (sum f)^2 exactly, so no FFT error enters
+    # docs/method.md §5: L1 = sum |c| / (m + 1); sum_k (f * f)_k = (sum f)^2 exactly, so no FFT error enters
     l1 = math.fsum(f) ** 2 / (m + 1)
-    linf = float(c.max()) + error  # SPEC §5: Linf = max |c|
+    linf = float(c.max()) + error  # docs/method.md §5: Linf = max |c|
     return l2_squared / (l1 * linf) * (1 - ROUND_DOWN)
 
 
@@ -42,11 +42,11 @@ class SecondAutocorrelationProblem(AutocorrelationProblem):
 
     name = "ac2"
     starter = "ac2_local.py"  # a plain local search (ours: no released AC2 starter is known to us)
-    target = BEST_KNOWN_BOUND  # SPEC §5a: the record to beat, in reward units (the bound)
+    target = BEST_KNOWN_BOUND  # docs/method.md §5a: the record to beat, in reward units (the bound)
 
     def certify(self, f: np.ndarray) -> tuple[float, dict[str, float]]:
         bound = ac2_bound(f)
-        return bound, {"bound": bound, "pieces": len(f)}  # SPEC §5: reward = bound
+        return bound, {"bound": bound, "pieces": len(f)}  # docs/method.md §5: reward = bound
 
     def describe(self, limits: SandboxLimits) -> str:
         return f"""\

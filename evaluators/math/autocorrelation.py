@@ -1,4 +1,4 @@
-"""What the two autocorrelation problems share (SPEC §5, App. B.2): a non-negative sequence f of
+"""What the two autocorrelation problems share (docs/method.md §5, App. B.2): a non-negative sequence f of
 n equal pieces, checked the same way, drawn the same way, shown to the model the same way."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ CLAMP = 1000.0  # App. B.2: values "clamped to [0, 1000]"; we reject values abov
 MIN_SUM = 0.01  # App. B.2: "sum >= 0.01"; a near-zero sum would inflate an unnormalised metric
 MAX_PIECES = 1_000_000  # ours: 20x the largest record (50,000), keeps the host verifier bounded
 SEED_REPEATS = (1000, 8000)  # App. B.2: one random value in [0, 1] repeated 1,000-8,000 times
-STARTERS = Path(__file__).parent / "starters"  # the program each seed state carries (SPEC §5a)
+STARTERS = Path(__file__).parent / "starters"  # the program each seed state carries (docs/method.md §5a)
 
 SEQUENCE_RULES = f"""\
 Represent f by n equal pieces: a list of n floats f_0..f_{{n-1}}, each in [0, {CLAMP:g}], with
@@ -46,7 +46,7 @@ class AutocorrelationProblem(SequenceProblem):
         """The random (or file) constructions, each with the problem's starter program as its code.
 
         The released AC1 seed carries a program that improves f along a linear-programming
-        direction, which the paper credits for AC1's record (SPEC §5a); AC2's is ours.
+        direction, which the paper credits for AC1's record (docs/method.md §5a); AC2's is ours.
         """
         code = (STARTERS / self.starter).read_text() if self.starter else ""
         return [SeedState(code=code, construction=s.construction) for s in super().seeds(rng, count)]
@@ -62,7 +62,7 @@ class AutocorrelationProblem(SequenceProblem):
         return EvalResult(reward=reward, valid=True, construction=f.tolist(), metrics=metrics)
 
     def random_construction(self, rng: np.random.Generator) -> list[float]:
-        # SPEC §5, App. B.2: one random value in [0, 1] repeated 1,000-8,000 times. A value below
+        # docs/method.md §5, App. B.2: one random value in [0, 1] repeated 1,000-8,000 times. A value below
         # MIN_SUM / 1000 would make the seed invalid; rng.random() gives one with probability ~1e-5.
         value = float(rng.random())
         return [value] * int(rng.integers(SEED_REPEATS[0], SEED_REPEATS[1] + 1))

@@ -1,4 +1,4 @@
-"""Circle packing (SPEC §5, method paper §4.1.3): n disjoint circles inside the unit square;
+"""Circle packing (docs/method.md §5, method paper §4.1.3): n disjoint circles inside the unit square;
 the reward is the sum of their radii.
 
 The checks are exact: floats are binary rationals, so every comparison is made on
@@ -89,7 +89,7 @@ class CirclePackingProblem(MathProblem):
             raise ValueError(f"tolerance must be a finite number >= 0, got {tolerance!r}")
         self.n, self.tolerance = n, float(tolerance)
         self.name = f"circles-{n}"
-        self.target = BEST_KNOWN.get(n)  # SPEC §5a: the record to beat (sum of radii); None for other n
+        self.target = BEST_KNOWN.get(n)  # docs/method.md §5a: the record to beat (sum of radii); None for other n
         super().__init__(**options)
 
     def verify(self, construction: Any) -> EvalResult:
@@ -99,7 +99,7 @@ class CirclePackingProblem(MathProblem):
         violation = first_violation(circles, self.tolerance)
         if violation:
             return EvalResult.invalid(f"{violation} (tolerance {self.tolerance:g})")
-        total = math.fsum(r for _, _, r in circles)  # SPEC §5: reward = sum of radii
+        total = math.fsum(r for _, _, r in circles)  # docs/method.md §5: reward = sum of radii
         return EvalResult(
             reward=total,
             valid=True,
@@ -114,7 +114,7 @@ class CirclePackingProblem(MathProblem):
         return {"bound": float(result.metrics["bound"]), "tolerance": float(result.metrics["tolerance"])}
 
     def random_construction(self, rng: np.random.Generator) -> list[list[float]]:
-        # Ours (SPEC §5 gives none): n centres uniform in [0.1, 0.9]^2, each radius the largest
+        # Ours (docs/method.md §5 gives none): n centres uniform in [0.1, 0.9]^2, each radius the largest
         # that keeps the circle inside the square and within half the distance to the nearest
         # other centre, shrunk by SEED_MARGIN. Valid by construction; sum of radii about 1-1.5.
         centres = rng.uniform(0.1, 0.9, size=(self.n, 2))

@@ -1,4 +1,4 @@
-"""Erdős minimum overlap (SPEC §5, App. B.3): a step function h on [0, 2] certifies an upper bound.
+"""Erdős minimum overlap (docs/method.md §5, App. B.3): a step function h on [0, 2] certifies an upper bound.
 
 State: n values of h (n pieces of width 2/n). Valid when 0 <= h <= 1 and, after rescaling to
 sum h = n/2 (integral 1), still h <= 1. Bound = max_k (correlate(h, 1 - h, full))_k * 2/n;
@@ -22,7 +22,7 @@ BEST_KNOWN_BOUND = 0.380876  # TTT-Discover's 600-piece construction (method pap
 
 
 def erdos_bound(h: np.ndarray) -> float:
-    """max_k (h ⋆ (1 - h))_k * 2/n for h already rescaled to sum n/2 (SPEC §5)."""
+    """max_k (h ⋆ (1 - h))_k * 2/n for h already rescaled to sum n/2 (docs/method.md §5)."""
     n = len(h)
     return float(np.max(np.correlate(h, 1.0 - h, mode="full")) * 2.0 / n)
 
@@ -33,7 +33,7 @@ def overlap_function(h: np.ndarray) -> np.ndarray:
 
 
 def rescale(values: np.ndarray) -> np.ndarray:
-    """h scaled so that sum h = n/2, i.e. its integral over [0, 2] is 1 (SPEC §5)."""
+    """h scaled so that sum h = n/2, i.e. its integral over [0, 2] is 1 (docs/method.md §5)."""
     return values * ((len(values) / 2.0) / values.sum())
 
 
@@ -41,7 +41,7 @@ class ErdosProblem(SequenceProblem):
     """Minimise the Erdős minimum-overlap bound with a step function written by a program."""
 
     name = "erdos"
-    target = 1.0 / BEST_KNOWN_BOUND  # SPEC §5a: the record to beat, in reward units (1 / bound)
+    target = 1.0 / BEST_KNOWN_BOUND  # docs/method.md §5a: the record to beat, in reward units (1 / bound)
 
     def verify(self, construction: Any) -> EvalResult:
         values, reason = check_sequence(construction, high=1.0, max_pieces=MAX_PIECES)
@@ -59,14 +59,14 @@ class ErdosProblem(SequenceProblem):
             )
         bound = erdos_bound(h)
         return EvalResult(
-            reward=1.0 / bound,  # SPEC §5: reward = 1 / bound
+            reward=1.0 / bound,  # docs/method.md §5: reward = 1 / bound
             valid=True,
             construction=values.tolist(),
             metrics={"bound": bound, "pieces": n},
         )
 
     def random_construction(self, rng: np.random.Generator) -> list[float]:
-        # SPEC §5, App. B.3: 40-100 values near 0.5 with noise.
+        # docs/method.md §5, App. B.3: 40-100 values near 0.5 with noise.
         n = int(rng.integers(40, 101))
         return np.clip(0.5 + rng.normal(0.0, 0.1, n), 0.0, 1.0).tolist()
 

@@ -90,7 +90,7 @@ class MathProblem(BaseProblem):
         return last_fenced_block(answer, languages=("python", "py"))
 
     def evaluate(self, candidate: str, parent: ParentView | None, sandbox: Any) -> EvalResult:
-        """Run `construct(parent)` in the sandbox and verify what it returned (SPEC §1.3)."""
+        """Run `construct(parent)` in the sandbox and verify what it returned (docs/method.md §1.3)."""
         argument = parent.construction if parent is not None else None
         run = sandbox.run(candidate, ENTRY_POINT, argument, self.limits)
         if not run.ok:

@@ -1,4 +1,4 @@
-"""Seeds read from a file of constructions, for runs that start from a known record (SPEC §5,
+"""Seeds read from a file of constructions, for runs that start from a known record (docs/method.md §5,
 "Initial states"; the paper's App. B.2 also loads state-of-the-art constructions when available).
 
 The file is JSON holding one construction or a list of them. A construction is what the

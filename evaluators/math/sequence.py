@@ -1,6 +1,6 @@
 """Validation shared by the step-function problems (Erdős, AC1, AC2): untrusted data to an array.
 
-A construction is a list of numbers or an object whose "values" holds one. Every check of SPEC §5
+A construction is a list of numbers or an object whose "values" holds one. Every check of docs/method.md §5
 on the values themselves lives here, so the three verifiers reject hostile input the same way.
 """
 

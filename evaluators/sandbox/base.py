@@ -12,7 +12,7 @@ DATA_ENV = "DISCOVER_DATA"  # inside a run: where the read-only data directory i
 
 @dataclass(frozen=True)
 class SandboxLimits:
-    """Resource limits for one candidate run (SPEC §5 gives each problem's values)."""
+    """Resource limits for one candidate run (docs/method.md §5 gives each problem's values)."""
 
     timeout_s: float = 60.0  # wall clock; the whole process tree is killed past it
     memory_mb: int = 1024  # address-space limit of the candidate process

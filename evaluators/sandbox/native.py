@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any, Callable, Protocol, Sequence
 
 RUNNER = Path(__file__).with_name("native_runner.py")
-# The AtCoder command line of SPEC §5b ({src} and {out} are filled in by the runner).
+# The AtCoder command line of docs/method.md §5b ({src} and {out} are filled in by the runner).
 COMPILE_COMMAND = ("g++", "-std=gnu++20", "-O2", "-DONLINE_JUDGE", "-DATCODER", "-o", "{out}", "{src}")
 BACKSTOP_S = 20.0  # the host gives up on a runner this long after its own limit should have ended a job
 ALLOCATION_FAILED = ("std::bad_alloc", "Cannot allocate memory", "memory exhausted", "out of memory")

@@ -1,4 +1,4 @@
-"""Single-cell RNA denoising on real counts by OpenProblems v1's protocol (SPEC §5d).
+"""Single-cell RNA denoising on real counts by OpenProblems v1's protocol (docs/method.md §5d).
 
 counts.py (where the counts come from, the filters), split.py (the seeded binomial split),
 metrics.py (MSE, Poisson, normalisation, validity, acceptance, reward), driver.py (what runs in

@@ -1,4 +1,4 @@
-"""The counts a denoising run is scored on (SPEC §5d): where they come from and how they are filtered.
+"""The counts a denoising run is scored on (docs/method.md §5d): where they come from and how they are filtered.
 
 - The offline default, `pbmc68k_reduced`: the 700 PBMCs x 765 genes that scanpy's wheel ships.
   Its `raw.X` holds log1p(counts / total * 1e4) and `obs.n_counts` the totals, so

@@ -1,4 +1,4 @@
-"""OpenProblems v1's denoising metrics computed exactly as the published numbers were (SPEC §5d),
+"""OpenProblems v1's denoising metrics computed exactly as the published numbers were (docs/method.md §5d),
 the normalisation by the per-split baselines, the validity checks, and the released code's
 acceptance and reward.
 
@@ -41,19 +41,19 @@ def _log_normalized(X: np.ndarray) -> np.ndarray:
 
 
 def mse(test: np.ndarray, denoised: np.ndarray) -> float:
-    """SPEC §5d: mean squared difference of the log-normalised test and denoised matrices."""
+    """docs/method.md §5d: mean squared difference of the log-normalised test and denoised matrices."""
     return float(np.mean((_log_normalized(test) - _log_normalized(denoised)) ** 2))
 
 
 def poisson(train_total: float, test: np.ndarray, denoised: np.ndarray) -> float:
-    """SPEC §5d: OpenProblems' Poisson figure, its arguments swapped as published:
+    """docs/method.md §5d: OpenProblems' Poisson figure, its arguments swapped as published:
     mean(T - D' ln(T + 1e-6)) with D' = D * sum(test) / sum(train)."""
     scaled = denoised * (test.sum() / train_total)
     return float(np.mean(test - scaled * np.log(test + POISSON_EPS)))
 
 
 def normalized(value: float, none: float, perfect: float) -> float:
-    """SPEC §5d: (m_none - m) / (m_none - m_perfect): 0 for no denoising, 1 for perfect, not clipped."""
+    """docs/method.md §5d: (m_none - m) / (m_none - m_perfect): 0 for no denoising, 1 for perfect, not clipped."""
     return (none - value) / (none - perfect)
 
 
@@ -87,12 +87,12 @@ def measure(split: Split, baselines: Baselines, denoised: np.ndarray) -> dict[st
         "poisson": p,
         "mse_normalized": m_norm,
         "poisson_normalized": p_norm,
-        "score": (m_norm + p_norm) / 2.0,  # SPEC §5d: the mean of the two normalised metrics
+        "score": (m_norm + p_norm) / 2.0,  # docs/method.md §5d: the mean of the two normalised metrics
     }
 
 
 def check_denoised(value: object, split: Split) -> tuple[np.ndarray | None, str]:
-    """(the output as float64, "") or (None, why it is rejected) (SPEC §5d validity)."""
+    """(the output as float64, "") or (None, why it is rejected) (docs/method.md §5d validity)."""
     if not isinstance(value, np.ndarray):
         return None, f"magic_denoise returned a {type(value).__name__}, not an array"
     if value.dtype.kind not in "biuf":
@@ -110,7 +110,7 @@ def check_denoised(value: object, split: Split) -> tuple[np.ndarray | None, str]
 
 
 def judge(split: Split, baselines: Baselines, value: object) -> EvalResult:
-    """The verdict on a denoised matrix: validity, metrics, acceptance and reward 1 / MSE (SPEC §5d)."""
+    """The verdict on a denoised matrix: validity, metrics, acceptance and reward 1 / MSE (docs/method.md §5d)."""
     Y, reason = check_denoised(value, split)
     if Y is None:
         return EvalResult.invalid(reason)

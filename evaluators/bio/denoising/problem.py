@@ -1,4 +1,4 @@
-"""Single-cell RNA denoising (SPEC §5d): the model writes `magic_denoise(X, **kwargs)`, scored by
+"""Single-cell RNA denoising (docs/method.md §5d): the model writes `magic_denoise(X, **kwargs)`, scored by
 OpenProblems v1's protocol on held-out molecules.
 
 One evaluation:
@@ -151,7 +151,7 @@ class DenoisingProblem(BaseProblem):
         return last_fenced_block(answer, languages=("python", "py"))
 
     def evaluate(self, candidate: str, parent: ParentView | None, sandbox: Any) -> EvalResult:
-        """Run the candidate on the train half in `sandbox`; score its output here (SPEC §5d)."""
+        """Run the candidate on the train half in `sandbox`; score its output here (docs/method.md §5d)."""
         prepared = self.prepared()
         self._warn_if_unisolated(sandbox)
         job = {"candidate": candidate, "entry": CANDIDATE_ENTRY, "random_state": self.split_seed, "train": TRAIN_FILE}
@@ -198,7 +198,7 @@ class DenoisingProblem(BaseProblem):
         return "\n\n".join(parts)
 
     def archive_key(self, code: str, construction: Any) -> str:
-        """States are programs: equal up to comments and whitespace (SPEC §5a), whatever their metrics."""
+        """States are programs: equal up to comments and whitespace (docs/method.md §5a), whatever their metrics."""
         return hashlib.sha256(("code:" + normalize_code(code)).encode()).hexdigest()
 
     def report_sections(self, states: Sequence[ArchivedState]) -> list[ReportSection]:

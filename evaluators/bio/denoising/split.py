@@ -1,4 +1,4 @@
-"""Molecular cross-validation (Batson et al. 2019) as OpenProblems v1 splits a dataset (SPEC §5d).
+"""Molecular cross-validation (Batson et al. 2019) as OpenProblems v1 splits a dataset (docs/method.md §5d).
 
 Each count is split by `train = Binomial(X, 0.9)` drawn from `numpy.random.RandomState(seed)`
 (the generator and call OpenProblems' split_data uses, so the same counts and seed give the same
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-TRAIN_FRACTION = 0.9  # SPEC §5d: train = Binomial(X, 0.9)
+TRAIN_FRACTION = 0.9  # docs/method.md §5d: train = Binomial(X, 0.9)
 DEFAULT_SEED = 42  # the released code's split seed (run_denoising_eval(..., seed=42))
 
 
@@ -33,7 +33,7 @@ class Split:
 
 
 def split_molecules(X: np.ndarray, seed: int = DEFAULT_SEED) -> Split:
-    """SPEC §5d: train ~ Binomial(X, 0.9) seeded, test = X - train, genes with no train count dropped."""
+    """docs/method.md §5d: train ~ Binomial(X, 0.9) seeded, test = X - train, genes with no train count dropped."""
     counts = np.asarray(X)
     if counts.ndim != 2 or not np.issubdtype(counts.dtype, np.integer) or counts.min(initial=0) < 0:
         raise ValueError("split_molecules needs a 2-D array of non-negative integer counts")

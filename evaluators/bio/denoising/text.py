@@ -1,4 +1,4 @@
-"""The problem text the model sees (SPEC §5d, App. E), in our words; it states the live limits."""
+"""The problem text the model sees (docs/method.md §5d, App. E), in our words; it states the live limits."""
 
 from __future__ import annotations
 

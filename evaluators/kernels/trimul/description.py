@@ -1,4 +1,4 @@
-"""The problem text `d` of TriMul, in our words (SPEC §5c); problem.py fills in the live values."""
+"""The problem text `d` of TriMul, in our words (docs/method.md §5c); problem.py fills in the live values."""
 
 TEMPLATE = '''\
 Write a fast GPU kernel, in Python with Triton, for the "outgoing" triangle multiplicative update of

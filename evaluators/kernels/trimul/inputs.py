@@ -1,4 +1,4 @@
-"""TriMul inputs from a shape and a seed (SPEC §5c), identical in every process that makes them.
+"""TriMul inputs from a shape and a seed (docs/method.md §5c), identical in every process that makes them.
 
 Standalone (torch only): the driver that runs a candidate and the checker that runs the reference
 are each sent into the sandbox as source text, this file's text included, and both regenerate the
@@ -30,13 +30,13 @@ SHAPE_KEYS = ("seqlen", "bs", "dim", "hiddendim", "seed", "nomask", "distributio
 
 
 def generate_input(seqlen, bs, dim, hiddendim, seed, nomask, distribution, device="cuda"):
-    """(x, mask, weights, config) for one shape and seed, on `device` (SPEC §5c)."""
+    """(x, mask, weights, config) for one shape and seed, on `device` (docs/method.md §5c)."""
     gen = torch.Generator(device=device)
     gen.manual_seed(int(seed))
     shape = (bs, seqlen, seqlen, dim)
     if distribution == "normal":
         x = torch.randn(shape, generator=gen, device=device, dtype=torch.float32)
-    elif distribution == "cauchy":  # SPEC §5c: x = 2 tan(pi (u - 1/2)), u ~ U(0, 1)
+    elif distribution == "cauchy":  # docs/method.md §5c: x = 2 tan(pi (u - 1/2)), u ~ U(0, 1)
         u = torch.rand(shape, generator=gen, device=device, dtype=torch.float32)
         x = 2.0 * torch.tan(math.pi * (u - 0.5))
     else:

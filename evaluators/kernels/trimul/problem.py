@@ -1,4 +1,4 @@
-"""TriMul (SPEC §5c): a Triton kernel for AlphaFold3's outgoing triangle multiplicative update,
+"""TriMul (docs/method.md §5c): a Triton kernel for AlphaFold3's outgoing triangle multiplicative update,
 rewarded by 1500 / geometric-mean runtime on the benchmark shapes, 0 unless correct on every test
 shape and every timed call.
 
@@ -49,7 +49,7 @@ GPU_TYPE_ENV = "DISCOVER_GPU_TYPE"  # a GPU pool's declared GPU type (prefect.ya
 CPU_SEQLEN = 32  # the CPU check uses the test shapes with this N
 TARGET_US = 1000.0  # the released prompt's target runtime
 
-# App. B / SPEC §5a: evaluation time limit 530 s for kernels. Memory is host memory of the process.
+# App. B / docs/method.md §5a: evaluation time limit 530 s for kernels. Memory is host memory of the process.
 PAPER_LIMITS = {"timeout_s": 530.0, "memory_mb": 16384, "cpus": 4}
 CHECKER_TIMEOUT_S = 600.0  # the trusted checker's own limit (it recomputes the reference per call)
 MAX_OUTPUT_BYTES = 128 << 20  # the driver's report carries the output samples
@@ -115,7 +115,7 @@ class TriMulProblem(BaseProblem):
         )
 
     def seeds(self, rng: np.random.Generator, count: int) -> list[SeedState]:
-        """SPEC §5: kernels start from a plain unoptimised kernel (initial_kernel.py)."""
+        """docs/method.md §5: kernels start from a plain unoptimised kernel (initial_kernel.py)."""
         return [SeedState(code=INITIAL_KERNEL) for _ in range(count)]
 
     def parse(self, answer: str) -> str | None:

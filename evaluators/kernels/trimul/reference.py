@@ -1,4 +1,4 @@
-"""The TriMul reference (SPEC §5c) and the tolerance check, in float32 with TF32 off.
+"""The TriMul reference (docs/method.md §5c) and the tolerance check, in float32 with TF32 off.
 
 Standalone (torch only): it is part of the checker program's text and runs only in the checker's
 process, which never imports a candidate; no candidate ever sees this function or its outputs.
@@ -7,13 +7,13 @@ process, which never imports a candidate; no candidate ever sees this function o
 import torch
 import torch.nn.functional as F
 
-ATOL = 2e-2  # SPEC §5c: an element is correct when |out - ref| <= ATOL + RTOL |ref|
+ATOL = 2e-2  # docs/method.md §5c: an element is correct when |out - ref| <= ATOL + RTOL |ref|
 RTOL = 2e-2
 LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default, as in the competition's reference
 
 
 def strict_float32() -> None:
-    """Full float32 matmuls: TF32 off for cuBLAS and cuDNN (SPEC §5c)."""
+    """Full float32 matmuls: TF32 off for cuBLAS and cuDNN (docs/method.md §5c)."""
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     torch.set_float32_matmul_precision("highest")
@@ -21,7 +21,7 @@ def strict_float32() -> None:
 
 @torch.no_grad()
 def trimul_reference(x, mask, weights, config):
-    """The outgoing triangle multiplicative update, forward only (SPEC §5c)."""
+    """The outgoing triangle multiplicative update, forward only (docs/method.md §5c)."""
     w = weights
     dim, hidden = config["dim"], config["hidden_dim"]
     xn = F.layer_norm(x, (dim,), w["norm.weight"], w["norm.bias"], LAYER_NORM_EPS)  # x' = LayerNorm(x)
@@ -36,7 +36,7 @@ def trimul_reference(x, mask, weights, config):
 
 
 def mismatches(got, ref):
-    """(count, first flat index or -1, max error over finite pairs) of elements that fail SPEC §5c:
+    """(count, first flat index or -1, max error over finite pairs) of elements that fail docs/method.md §5c:
     |got - ref| > ATOL + RTOL |ref|, or NaN/inf where the reference has none (or the reverse)."""
     got = got.to(torch.float32)
     ref = ref.to(torch.float32)

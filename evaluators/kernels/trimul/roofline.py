@@ -1,4 +1,4 @@
-"""Per-shape floors under which a TriMul time is impossible on the GPU found (SPEC §5c).
+"""Per-shape floors under which a TriMul time is impossible on the GPU found (docs/method.md §5c).
 
 A correct kernel must read x and write y, both float32 [B, N, N, C] (the write may stay in L2 up
 to its size), and do the multiply-adds of the five input projections, the triangle product and

@@ -1,4 +1,4 @@
-"""Rules a kernel's source must keep before it runs at all (SPEC §5c, the reward hacks), read from
+"""Rules a kernel's source must keep before it runs at all (docs/method.md §5c, the reward hacks), read from
 its syntax tree on the host; the first broken rule is the candidate's reason for reward 0.
 
 The candidate shares its process with the driver that times it, so everything that process

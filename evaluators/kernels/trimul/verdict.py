@@ -1,4 +1,4 @@
-"""From what the driver reported and what the checker found to a verdict, on the host (SPEC §5c).
+"""From what the driver reported and what the checker found to a verdict, on the host (docs/method.md §5c).
 
 The driver's report is untrusted (it shares a process with the candidate): this module checks it
 is complete and consistent (every call that was due, distinct fresh seeds for the timed calls,
@@ -18,7 +18,7 @@ REWARD_SCALE_US = 1500.0  # reward = 1500 / geometric-mean runtime in µs (the r
 
 
 def reward_for(geomean_us: float) -> float:
-    """SPEC §5c: reward proportional to 1 / geometric-mean runtime."""
+    """docs/method.md §5c: reward proportional to 1 / geometric-mean runtime."""
     return REWARD_SCALE_US / geomean_us
 
 
