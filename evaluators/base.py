@@ -20,7 +20,7 @@ from typing import Any, Protocol, Sequence
 import numpy as np
 
 from evaluators.parsing import normalize_code
-from evaluators.sandbox.base import SandboxLimits
+from evaluators.sandbox.base import Sandbox, SandboxLimits
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -118,7 +118,7 @@ class Problem(Protocol):
         """The candidate inside the model's final answer, or None if there is none."""
         ...
 
-    def evaluate(self, candidate: str, parent: ParentView | None, sandbox: Any) -> EvalResult:
+    def evaluate(self, candidate: str, parent: ParentView | None, sandbox: Sandbox | None) -> EvalResult:
         """Turn a parsed candidate into a child state and score it (runs code only in `sandbox`)."""
         ...
 
