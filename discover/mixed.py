@@ -1,4 +1,4 @@
-"""MIGRATE's mixed groups (docs/method.md §6; shared/papers/002_*, §3 and Algorithm 1), an option of `generate`.
+"""MIGRATE's mixed groups (docs/method.md §6; the MIGRATE paper's §3 and Algorithm 1), an option of `generate`.
 
 A group of K slots is filled with alpha on-policy completions of the group's context, beta "greedy"
 completions (the best past completions of the run: the rollouts that produced the archive's best
