@@ -23,7 +23,6 @@ metrics.json (unfinished, or written by an older version) gets its record comput
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import time
@@ -60,23 +59,14 @@ def _number(x: Any) -> float | None:
 
 def _problem_means(run_dir: Path, step: int, problem: Any) -> Record:
     """problem/<name>: the mean of `summary_metrics` over the step's valid candidates."""
-    from evaluators.base import EvalResult
-
     layout = RunLayout(Path(run_dir))
-    valid = [e for e in read_evaluations(layout.evaluations(step)) if e.valid]
+    valid = [e for e in read_evaluations(layout.evaluations(step)) if e.valid]  # older files read as today's records
     if not valid:
         return {}
     problem = problem if problem is not None else _LazyProblem(run_dir)
-    fields = {f.name for f in dataclasses.fields(EvalResult)}
     sums: dict[str, list[float]] = {}
     for e in valid:
-        if isinstance(e, EvalResult):
-            result = e.verdict()
-        else:  # a step's evaluation row: its verdict fields under the names EvalResult gives them
-            values = {f: getattr(e, f) for f in fields if hasattr(e, f)}
-            values.setdefault("observation", getattr(e, "logs", ""))
-            result = EvalResult(**values)
-        for name, value in problem.summary_metrics(result).items():
+        for name, value in problem.summary_metrics(e.verdict()).items():
             v = _number(value)
             if v is not None:
                 sums.setdefault(name, []).append(v)
@@ -170,7 +160,6 @@ class _LazyProblem:
 
     def summary_metrics(self, result: Any) -> dict[str, float]:
         if self._problem is None:
-
             self._problem = make_problem(load_config(RunLayout(self._run_dir).config))
         return self._problem.summary_metrics(result)
 

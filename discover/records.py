@@ -84,7 +84,7 @@ class Evaluation(EvalResult):
     @classmethod
     def of(cls, rollout: Rollout, step: int, result: EvalResult, code: str) -> "Evaluation":
         return cls(
-            **{f.name: getattr(result, f.name) for f in dataclasses.fields(EvalResult)},
+            **result.verdict_fields(),
             group=rollout.group, index=rollout.index, child_id=child_id(step, rollout.group, rollout.index),
             parent_id=rollout.parent_id, code=code,
         )

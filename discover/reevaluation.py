@@ -16,7 +16,6 @@ without a GPU every row says so, and nothing is run.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import re
 import socket
@@ -99,10 +98,9 @@ def reevaluate_states(
         if problem.needs_gpu:
             ran_on = "none" if no_gpu else str(result.construction.get("gpu", "")) if isinstance(result.construction, dict) else ""
         numbers = {name: float(v) for name, v in result.metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-        fields = {f.name: getattr(result, f.name) for f in dataclasses.fields(EvalResult)}
         rows.append(
             Reevaluation(
-                **{**fields, "metrics": numbers, "seconds": time.time() - t0},
+                **{**result.verdict_fields(), "metrics": numbers, "seconds": time.time() - t0},
                 state_id=state.id, step=state.step, archived_reward=float(state.reward), pool=pool, host=host, gpu=ran_on,
             )
         )

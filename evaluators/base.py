@@ -44,9 +44,13 @@ class EvalResult:
     def invalid(reason: str, observation: str = "") -> "EvalResult":
         return EvalResult(reward=0.0, valid=False, reason=reason, observation=observation)
 
+    def verdict_fields(self) -> dict[str, Any]:
+        """The result's fields by name (of a subclass record, such as a step's Evaluation, only these)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(EvalResult)}
+
     def verdict(self) -> "EvalResult":
-        """The result fields alone (a subclass record, such as a step's Evaluation, without its own)."""
-        return EvalResult(**{f.name: getattr(self, f.name) for f in dataclasses.fields(EvalResult)})
+        """The result alone (a subclass record, such as a step's Evaluation, without its own fields)."""
+        return EvalResult(**self.verdict_fields())
 
 
 @dataclass(frozen=True)
