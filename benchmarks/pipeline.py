@@ -62,7 +62,7 @@ def config(run_dir: Path, args: argparse.Namespace, overlap: bool) -> dict:
 
 def task_seconds(run_dir: Path, step: int) -> dict[str, float]:
     from discover.run import TASKS
-from storage.manifest import read_manifest
+    from storage.manifest import read_manifest
 
     tasks = read_manifest(run_dir / "manifest.json")["tasks"]
     entries = {t: tasks[f"{step}/{t}"] for t in TASKS}
