@@ -5,7 +5,7 @@ UV_VERSION := 0.13.9
 TOOLS := .cache/tools
 UV := $(TOOLS)/bin/uv
 VENV := .venv
-EXTRAS := --extra dev --extra bio
+EXTRAS := --extra dev --extra bio --extra real-model
 export UV_PROJECT_ENVIRONMENT := $(abspath $(VENV))
 export UV_LINK_MODE := copy
 

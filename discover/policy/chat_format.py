@@ -8,6 +8,9 @@ thinking. Three families cover the models the method is run with:
   then the answer; the phrase is followed by ``</think>`` and the blank line the template puts there.
 * ``harmony`` (gpt-oss): thinking is the ``analysis`` channel; closing it ends that message and
   opens the ``final`` channel: ``<|end|><|start|>assistant<|channel|>final<|message|>``.
+* ``template``: a chat template with no thinking block (ChatML models such as SmolLM2-Instruct,
+  most instruct models before reasoning models): the prompt is the template's user turn and the
+  model answers at once, so ``sampling.think_end`` must be null.
 * ``plain``: a tokenizer without a chat template (the embedded tiny GPT-2): the context is encoded
   as it is, and the configured ``think_end`` marker itself closes the thinking.
 
@@ -31,7 +34,7 @@ FORCED_PHRASE = "\n\n... okay, I am out of thinking tokens. I need to send my fi
 class ChatFormat:
     """One family's rules: rendering the prompt and closing the thinking block."""
 
-    family: str  # "think-tags", "harmony" or "plain"
+    family: str  # "think-tags", "harmony", "template" or "plain"
 
     def render(self, tokenizer, text: str, thinking: bool, **template_kwargs) -> list[int]:
         """Prompt token ids: a user turn plus the generation prompt, in the tokenizer's chat template.
@@ -40,7 +43,7 @@ class ChatFormat:
         answer without a thinking block; other templates ignore it. `template_kwargs` go to the
         template as they are (`model.chat_template_kwargs`, e.g. gpt-oss's `reasoning_effort`).
         """
-        if self.family == "plain" or not getattr(tokenizer, "chat_template", None):
+        if self.family == "plain":
             return [int(t) for t in tokenizer.encode(text, add_special_tokens=False)]
         ids = tokenizer.apply_chat_template(
             [{"role": "user", "content": text}],
@@ -67,7 +70,7 @@ class ChatFormat:
 
 
 def detect_family(tokenizer) -> str:
-    """'harmony', 'think-tags' or 'plain', from the tokenizer's vocabulary and chat template."""
+    """'harmony', 'think-tags', 'template' or 'plain', from the tokenizer's vocabulary and chat template."""
     template = getattr(tokenizer, "chat_template", None) or ""
     if isinstance(template, dict):  # several named templates: look at all of them
         template = "\n".join(str(t) for t in template.values())
@@ -78,7 +81,7 @@ def detect_family(tokenizer) -> str:
         return "plain"
     if THINK_CLOSE in vocab or THINK_CLOSE in template:
         return "think-tags"
-    return "plain"
+    return "template"
 
 
 def chat_format_for(tokenizer, think_end: str | None) -> ChatFormat:
@@ -90,6 +93,12 @@ def chat_format_for(tokenizer, think_end: str | None) -> ChatFormat:
         raise ValueError(
             f"sampling.think_end is {think_end!r}, but this model uses the harmony chat format (gpt-oss), "
             f"whose thinking ends when the final channel opens: set sampling.think_end: {HARMONY_FINAL!r}"
+        )
+    if fmt.family == "template":
+        raise ValueError(
+            f"sampling.think_end is {think_end!r}, but this model's chat template has no thinking block (it answers "
+            f"at once, e.g. ChatML instruct models such as SmolLM2): set sampling.think_end: null and budget the "
+            f"answer with sampling.max_answer_tokens"
         )
     if fmt.family == "think-tags" and think_end != THINK_CLOSE:
         raise ValueError(

@@ -26,7 +26,9 @@ _BASE_LOCK = threading.Lock()
 
 
 def resolve_model_path(name: str) -> str:
-    """'tiny' / 'tiny-qwen3' -> the embedded model's directory; a local dir -> itself; else the hub id."""
+    """'tiny' / 'tiny-qwen3' -> the embedded model's directory; a packaged GGUF model ('smollm2-135m')
+    or a local .gguf file -> its converted folder (discover/policy/gguf_models.py); a local dir ->
+    itself; else the hub id."""
     if name == EMBEDDED_MODEL:
         from discover.policy.tiny_model import tiny_model_path
 
@@ -35,6 +37,11 @@ def resolve_model_path(name: str) -> str:
         from discover.policy.qwen3_model import tiny_qwen3_path
 
         return str(tiny_qwen3_path())
+    from discover.policy.gguf_models import converted_model_dir, gguf_file_of
+
+    gguf = gguf_file_of(name)
+    if gguf is not None:
+        return str(converted_model_dir(gguf))
     p = Path(name).expanduser()
     if p.is_dir():
         return str(p)
