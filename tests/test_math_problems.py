@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from cli.app import app
 from evaluators.base import ParentView
-from evaluators.math.autocorrelation import STARTERS
+from evaluators.math.problem import STARTERS
 from evaluators.registry import get_problem
 from evaluators.sandbox import ProcessSandbox
 

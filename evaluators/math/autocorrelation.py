@@ -3,12 +3,11 @@ n equal pieces, checked the same way, drawn the same way, shown to the model the
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from evaluators.base import EvalResult, SeedState
+from evaluators.base import EvalResult
 from evaluators.math.problem import SequenceProblem
 from evaluators.math.sequence import check_sequence
 
@@ -16,7 +15,6 @@ CLAMP = 1000.0  # App. B.2: values "clamped to [0, 1000]"; we reject values abov
 MIN_SUM = 0.01  # App. B.2: "sum >= 0.01"; a near-zero sum would inflate an unnormalised metric
 MAX_PIECES = 1_000_000  # ours: 20x the largest record (50,000), keeps the host verifier bounded
 SEED_REPEATS = (1000, 8000)  # App. B.2: one random value in [0, 1] repeated 1,000-8,000 times
-STARTERS = Path(__file__).parent / "starters"  # the program each seed state carries (docs/method.md §5a)
 
 SEQUENCE_RULES = f"""\
 Represent f by n equal pieces: a list of n floats f_0..f_{{n-1}}, each in [0, {CLAMP:g}], with
@@ -40,16 +38,8 @@ class AutocorrelationProblem(SequenceProblem):
     # ~20 bytes of JSON per float: room for ~200,000 pieces, 4x the largest record. (The sandbox
     # applies the same cap to captured output; a run's `sandbox.max_output_bytes` overrides it.)
     max_output_bytes = 4_000_000
-    starter = ""  # file name under starters/: the program a seed state shows the model
-
-    def seeds(self, rng: np.random.Generator, count: int) -> list[SeedState]:
-        """The random (or file) constructions, each with the problem's starter program as its code.
-
-        The released AC1 seed carries a program that improves f along a linear-programming
-        direction, which the paper credits for AC1's record (docs/method.md §5a); AC2's is ours.
-        """
-        code = (STARTERS / self.starter).read_text() if self.starter else ""
-        return [SeedState(code=code, construction=s.construction) for s in super().seeds(rng, count)]
+    # The released AC1 seed carries a program that improves f along a linear-programming direction,
+    # which the paper credits for AC1's record (docs/method.md §5a); AC2's is ours.
 
     def certify(self, f: np.ndarray) -> tuple[float, dict[str, float]]:
         raise NotImplementedError

@@ -8,6 +8,7 @@ code), `random_construction`, `describe_construction` and `plot`.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -23,6 +24,7 @@ ENTRY_POINT = "construct"  # the function every candidate program defines: const
 
 # App. B.2 and B.3: "Each algorithm is run with 1 GB with 2 CPUs each and a timeout of up to 1100 s".
 PAPER_LIMITS = {"timeout_s": 1100.0, "memory_mb": 1024, "cpus": 2}
+STARTERS = Path(__file__).parent / "starters"  # programs a seed state can carry (docs/method.md §5a)
 
 
 class MathProblem(BaseProblem):
@@ -31,6 +33,7 @@ class MathProblem(BaseProblem):
     image = "python-math"  # the evaluator image its programs run in under Docker (images/python-math)
     can_plot = True
     max_output_bytes = 1_000_000  # cap on the returned JSON (and the captured output) of a program
+    starter = ""  # the program every seed state shows the model: a file name under starters/ ("": none)
 
     def __init__(
         self,
@@ -38,6 +41,7 @@ class MathProblem(BaseProblem):
         memory_mb: int = PAPER_LIMITS["memory_mb"],
         cpus: int = PAPER_LIMITS["cpus"],
         seeds_file: str | None = None,
+        starter: str | None = None,
     ):
         self.limits = SandboxLimits(
             timeout_s=timeout_s, memory_mb=memory_mb, cpus=cpus, max_output_bytes=self.max_output_bytes
@@ -45,6 +49,9 @@ class MathProblem(BaseProblem):
         # Read only when seeds are drawn (once, when a run starts), so the later tasks of a run
         # never depend on the file; a relative path is taken from the working directory.
         self.seeds_file = seeds_file
+        # `starter` option: a file name under starters/ or a path to a program; None: the problem's own
+        if starter is not None:
+            self.starter = starter
 
     @property
     def description(self) -> str:
@@ -77,14 +84,21 @@ class MathProblem(BaseProblem):
     # -- shared behaviour -----------------------------------------------------------------
 
     def seeds(self, rng: np.random.Generator, count: int) -> list[SeedState]:
-        """The seeds file's constructions (all of them) if one is set, else `count` random ones.
+        """The seeds file's constructions (all of them) if one is set, else `count` random ones, each
+        with the starter program as its code.
 
         Raises ValueError naming the file and the reason when the file is missing or holds an
         invalid construction.
         """
+        code = self._starter_path().read_text() if self.starter else ""
         if self.seeds_file:
-            return [SeedState(code="", construction=c) for c in self._load_seeds(self.seeds_file)]
-        return [SeedState(code="", construction=self.random_construction(rng)) for _ in range(count)]
+            return [SeedState(code=code, construction=c) for c in self._load_seeds(self.seeds_file)]
+        return [SeedState(code=code, construction=self.random_construction(rng)) for _ in range(count)]
+
+    def _starter_path(self) -> Path:
+        """The starter program: a file of starters/ by that name, else the path as given."""
+        packaged = STARTERS / self.starter
+        return packaged if packaged.is_file() else Path(self.starter).expanduser()
 
     def parse(self, answer: str) -> str | None:
         return last_fenced_block(answer, languages=("python", "py"))
@@ -109,8 +123,9 @@ class MathProblem(BaseProblem):
         return "\n\n".join(parts)
 
     def preflight(self, sandbox_backend: str) -> list[str]:
-        """The seeds file, if one is set, exists (it is read only when the run starts)."""
-        return missing_file("seeds_file", self.seeds_file)
+        """The seeds file and the starter program, if set, exist (they are read when the run starts)."""
+        starter = str(self._starter_path()) if self.starter else None
+        return missing_file("seeds_file", self.seeds_file) + missing_file("starter", starter)
 
     def _load_seeds(self, path: str) -> list[Any]:
         constructions = []
