@@ -78,18 +78,28 @@ class HFDecodeEngine:
         return row.stop is not None
 
     def _decode(self, rows: list[_Row], temperature: float, gen: torch.Generator) -> None:
+        # Each distinct prompt is prefilled once and its KV cache copied to every row that
+        # continues it (the K rollouts of a group share one context): the prompt's forward pass
+        # is most of the cost of a short answer on a CPU (benchmarks/cpu_decoding.py).
+        distinct: dict[tuple[int, ...], int] = {}
+        row_prompt = [distinct.setdefault(tuple(r.prompt), len(distinct)) for r in rows]
+        prompts = list(distinct)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        width = max(len(r.prompt) for r in rows)
-        ids = torch.full((len(rows), width), pad, dtype=torch.long)
-        attn = torch.zeros((len(rows), width), dtype=torch.long)
-        for b, r in enumerate(rows):  # left padding: every prompt ends at the right edge
-            ids[b, width - len(r.prompt) :] = torch.tensor(r.prompt, dtype=torch.long)
-            attn[b, width - len(r.prompt) :] = 1
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+        attn = torch.zeros((len(prompts), width), dtype=torch.long)
+        for b, prompt in enumerate(prompts):  # left padding: every prompt ends at the right edge
+            ids[b, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+            attn[b, width - len(prompt) :] = 1
         ids, attn = ids.to(self.device), attn.to(self.device)
         pos = (attn.cumsum(-1) - 1).clamp(min=0)
         # logits of the last position only: a (rows x prompt x vocabulary) tensor would not fit a GPU
         out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True, logits_to_keep=1)
         cache, logits, next_pos = out.past_key_values, out.logits[:, -1, :], pos[:, -1] + 1
+        if len(prompts) < len(rows):  # one cache row per sampled sequence
+            expand = torch.tensor(row_prompt, dtype=torch.long, device=self.device)
+            cache.batch_select_indices(expand)
+            attn, logits, next_pos = attn[expand], logits[expand], next_pos[expand]
         active = list(range(len(rows)))
         while True:
             logp = torch.log_softmax(logits.float() / temperature, dim=-1)
