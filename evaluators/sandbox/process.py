@@ -1,25 +1,42 @@
-"""The process backend: each candidate runs in a fresh Python process under rlimits.
+"""The process backend: each candidate runs in a fresh Python process under rlimits and a cgroup.
 
-Per run: a new temp directory (deleted afterwards) holding candidate.py, input.json and job.json;
-`harness.py` loads the candidate, calls `entry(argument)` and writes the value to output.json.
-The process gets its own process group, a clean environment, rlimits (set by the harness before
-any candidate code runs) and a wall-clock timeout after which the whole group is SIGKILLed.
+Per run: a new temp directory (0700; the run's uid's when we are root; deleted afterwards) holding
+candidate.py, input.json and job.json; `harness.py` loads the candidate, calls `entry(argument)`
+and writes the value to output.json. The process gets its own process group, a clean environment,
+rlimits (set by the harness before any candidate code runs), umask 077, no POSIX message queues
+(RLIMIT_MSGQUEUE 0), an import path without the project's own source (`python -S` and the job's
+`sys_path`: an editable install's .pth file never runs) and a wall-clock timeout after which the
+whole tree is SIGKILLed.
+
+The whole process tree is bounded by a cgroup made for the run (evaluators/sandbox/cgroups.py):
+memory (no swap) = `memory_mb` for the tree together, tasks = `max_processes`, CPU quota =
+`cpus`. The harness joins it before it drops privileges, so every process the candidate starts
+is born inside; an out-of-memory kill anywhere in it fails the run ("memory limit ... exceeded
+by the process tree"), and afterwards the group is killed as a whole and removed. Where no
+cgroup can be made (no cgroup filesystem we may write: a normal user without a delegated
+cgroup v2, see `DISCOVER_CGROUP_PARENT`), the backend refuses to start (UnboundedProcessTree,
+one line naming the fix) unless `allow_unbounded_process_tree` (the configuration's
+sandbox.allow_unbounded_process_tree) is set; then it warns once and bounds each process alone.
 
 When we run as root (CI, containers), each run gets its own unprivileged uid/gid, picked at random
 from a range no account uses: the harness drops to it before the candidate runs. Then
 RLIMIT_NPROC binds (the uid has no other tasks), root-only files are unreadable, the candidate
 cannot signal our processes, and after the run every process of that uid is killed, wherever
-it went (no marker needed).
+it went (no marker needed), and what the uid left is removed: its files in /tmp, /var/tmp,
+/run/lock and /dev/shm, its System V IPC objects and POSIX message queues (reaping.remove_owned).
 
 What this backend does NOT isolate (use the docker backend for untrusted models):
-- the filesystem: as a normal user the candidate can read and write whatever we can; as root
-  (dropped uid) it can still read world-readable files and write world-writable places (/tmp);
+- reading: the candidate can read every world-readable file (this repository and its evaluators
+  included, though it cannot import them) and, as a normal user, everything we can read and write;
+- writing: as root (dropped uid) it can still write world-writable places (/tmp) while it runs,
+  and may share such files with a run that runs at the same time if it makes them readable on
+  purpose; as a normal user nothing it wrote outside its run directory is removed afterwards;
 - the network: sockets are not blocked;
-- as a normal user: processes that leave the process group (setsid) are found only by an
-  environment marker (`/proc/*/environ`), which a process that re-execs itself with a cleaned
-  environment evades (RLIMIT_CPU still kills them), and RLIMIT_NPROC counts all of our tasks;
-- memory: RLIMIT_AS limits address space per process, not the real memory of the process tree;
-- CPU count: `limits.cpus` only sets the thread variables of numeric libraries;
+- as a normal user: processes that leave the process group (setsid) are found by the cgroup, or
+  without one only by an environment marker (`/proc/*/environ`, evaded by a process that re-execs
+  itself with a cleaned environment; RLIMIT_CPU still ends it); RLIMIT_NPROC counts all of our
+  tasks; System V IPC objects are not removed;
+- without a cgroup (only when allowed): memory is bounded per process (RLIMIT_AS), not for the tree;
 - disk: RLIMIT_FSIZE caps each file, not the number of files;
 - the kernel: no namespaces, no seccomp.
 """
