@@ -170,6 +170,10 @@ class SandboxConfig(_Section):
     max_output_bytes: int | None = Field(None, ge=1024, description="cap on captured output and returned data; null: the problem's")
     max_processes: int = Field(64, ge=1, description="process-count limit per candidate")
     concurrency: int = Field(2, ge=1, description="candidates evaluated at once")
+    allow_unbounded_process_tree: bool = Field(
+        False,
+        description="let the process backend run where it cannot make a cgroup, bounding a candidate's processes one by one (rlimits) and not its whole tree; false: it refuses (use docker there)",
+    )
 
 
 class EvaluationConfig(_Section):

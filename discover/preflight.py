@@ -57,6 +57,22 @@ def check_model_backend(model: ModelConfig) -> None:
         raise PreflightError("model.backend 'vllm' needs a CUDA GPU and none is visible here; run on a GPU worker or set model.backend: transformers")
 
 
+def check_process_tree_bound(problem, backend: str) -> None:
+    """The process backend refuses to run where it cannot bound a candidate's process tree (no
+    cgroup it may write) unless sandbox.allow_unbounded_process_tree is set: say so before the run."""
+    from evaluators.sandbox.process import allow_from_env, tree_bound, unbounded_message
+
+    layout, why = tree_bound()
+    if layout is not None or allow_from_env():
+        return
+    if backend == "auto":
+        from evaluators.sandbox import docker_unavailable
+
+        if not docker_unavailable(problem.image):
+            return  # auto picks docker
+    raise PreflightError(unbounded_message(why))
+
+
 def preflight(config: RunConfig) -> None:
     """Raise PreflightError (one line) for anything in `config` that cannot work here."""
     from evaluators.registry import get_problem
@@ -75,6 +91,8 @@ def preflight(config: RunConfig) -> None:
         why = docker_unavailable(problem.image)
         if why:
             raise PreflightError(f"sandbox.backend 'docker' cannot run {problem.name} here: {why}; or set sandbox.backend: process")
+    if problem.needs_sandbox and config.sandbox.backend in ("process", "auto") and not config.sandbox.allow_unbounded_process_tree:
+        check_process_tree_bound(problem, config.sandbox.backend)
     problems = problem.preflight(config.sandbox.backend)
     if problems:
         raise PreflightError(problems[0])

@@ -82,7 +82,9 @@ def reevaluate_states(
     problem = run.problem()
     host = socket.gethostname()
     no_gpu = problem.needs_gpu and not local_gpus()
-    sandbox = None if no_gpu else sandbox_for(problem, run.config.sandbox.backend, run.config.sandbox.concurrency)
+    sandbox = None if no_gpu else sandbox_for(
+        problem, run.config.sandbox.backend, run.config.sandbox.concurrency, run.config.sandbox.allow_unbounded_process_tree
+    )
     rows = []
     for state in top_states(run_dir, k):
         t0 = time.time()

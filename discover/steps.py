@@ -77,7 +77,9 @@ def _seed_states(run: Run) -> list[State]:
     problem = run.problem()
     rng = np.random.default_rng(run.seed("seeds", 0))
     seeds = problem.seeds(rng, run.config.reuse.seed_states or run.config.groups)  # docs/method.md §5a: one seed per group
-    sandbox = sandbox_for(problem, run.config.sandbox.backend, run.config.sandbox.concurrency)
+    sandbox = sandbox_for(
+        problem, run.config.sandbox.backend, run.config.sandbox.concurrency, run.config.sandbox.allow_unbounded_process_tree
+    )
     states = []
     scored: dict[str, EvalResult] = {}  # a seed program drawn for several groups is run once
     invalid: dict[str, list[int]] = {}  # reason -> the seeds it rejects, logged once per reason

@@ -53,7 +53,11 @@ SNOOPS = program(
     'char runner_out[64]; snprintf(runner_out, sizeof runner_out, "/proc/%d/fd/1", (int)getppid());\n'
     'const char *paths[] = {"../io/input", "../io", "/proc/1/environ", runner_out};\n'
     "for (const char *p : paths) { FILE *f = fopen(p, \"r\"); if (f) { printf(\"read %s\\n\", p); return 0; } }\n"
-    'FILE *w = fopen("leftover.txt", "w"); if (w) { printf("wrote a file\\n"); return 0; }\n' + RECTANGLE
+    # its cwd is not writable (docker) or its own private directory (process: 0700, its uid's)
+    'FILE *w = fopen("leftover.txt", "w"); struct stat st;\n'
+    'if (w && (stat(".", &st) != 0 || (st.st_mode & 077) || st.st_uid != getuid())) { printf("wrote a file in a shared directory\\n"); return 0; }\n'
+    + RECTANGLE,
+    headers="#include <sys/stat.h>\n",
 )
 FLOODS = program('for (;;) fputs("0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0\\n", stdout);')
 SLEEPS = program("sleep(1000); " + RECTANGLE)

@@ -7,9 +7,12 @@ import warnings
 from typing import Any
 
 from evaluators.sandbox.base import Sandbox, SandboxLimits, SandboxResult
-from evaluators.sandbox.process import ProcessSandbox
+from evaluators.sandbox.process import ProcessSandbox, UnboundedProcessTree
 
-__all__ = ["BACKENDS", "ProcessSandbox", "Sandbox", "SandboxLimits", "SandboxResult", "get_sandbox", "sandbox_for"]
+__all__ = [
+    "BACKENDS", "ProcessSandbox", "Sandbox", "SandboxLimits", "SandboxResult", "UnboundedProcessTree", "get_sandbox",
+    "sandbox_for",
+]
 
 # The sandbox backends by name (the configuration's sandbox.backend and the CLI's --sandbox): "auto"
 # is docker when an engine answers and the image exists, else process.
@@ -19,15 +22,22 @@ _docker_boxes: dict[tuple, Any] = {}  # one warm pool per (image, concurrency, g
 _docker_lock = threading.Lock()
 
 
-def sandbox_for(problem: Any, backend: str, concurrency: int = 2) -> Sandbox | None:
+def sandbox_for(
+    problem: Any, backend: str, concurrency: int = 2, allow_unbounded_process_tree: bool | None = None
+) -> Sandbox | None:
     """The sandbox a problem's candidates run in: its image, its GPU need; None if it needs none.
 
     The one place that builds a problem's sandbox: the run's evaluate task, re-evaluation and the
     CLI all call it, so a problem is never scored in another image than its own.
+    `allow_unbounded_process_tree` is the configuration's switch (None: the environment variable
+    DISCOVER_ALLOW_UNBOUNDED_PROCESS_TREE); see ProcessSandbox.
     """
     if not problem.needs_sandbox:
         return None
-    return get_sandbox(backend, image=problem.image, concurrency=concurrency, gpu=problem.needs_gpu)
+    return get_sandbox(
+        backend, image=problem.image, concurrency=concurrency, gpu=problem.needs_gpu,
+        allow_unbounded_process_tree=allow_unbounded_process_tree,
+    )
 
 
 def docker_unavailable(image: str = DEFAULT_IMAGE) -> str:
@@ -45,17 +55,22 @@ def docker_unavailable(image: str = DEFAULT_IMAGE) -> str:
     return ""
 
 
-def get_sandbox(backend: str, image: str | None = None, concurrency: int = 2, gpu: bool = False) -> Sandbox:
+def get_sandbox(
+    backend: str, image: str | None = None, concurrency: int = 2, gpu: bool = False,
+    allow_unbounded_process_tree: bool | None = None,
+) -> Sandbox:
     """The sandbox for `backend`: "process", "docker" or "auto".
 
     "auto" is docker when an engine answers and `image` (default python-math) exists, else the
     process backend with a warning saying so. Docker sandboxes are pooled: the same arguments give
-    the same warm pool for the life of the process.
+    the same warm pool for the life of the process. The process backend raises
+    UnboundedProcessTree (a ValueError: one line naming the fix) where it cannot bound a
+    candidate's process tree and `allow_unbounded_process_tree` is not set.
     """
     if backend not in BACKENDS:
         raise ValueError(f"unknown sandbox backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     if backend == "process":
-        return ProcessSandbox()
+        return ProcessSandbox(allow_unbounded_process_tree)
     image = image or DEFAULT_IMAGE
     key = (image, max(1, int(concurrency)), bool(gpu))
     with _docker_lock:
@@ -71,7 +86,7 @@ def get_sandbox(backend: str, image: str | None = None, concurrency: int = 2, gp
                 RuntimeWarning,
                 stacklevel=2,
             )
-            return ProcessSandbox()
+            return ProcessSandbox(allow_unbounded_process_tree)
         from evaluators.sandbox.docker import DockerSandbox
 
         box = DockerSandbox(image=image, concurrency=key[1], gpu=gpu)

@@ -1,9 +1,15 @@
 """Runs inside the sandbox: load candidate.py, call its entry point, write the value as JSON.
 
-Started by `ProcessSandbox` as `python -s -B -P harness.py job.json` with cwd = the run's temp
+Started by `ProcessSandbox` as `python -S -s -B -P harness.py job.json` with cwd = the run's temp
 dir. Uses only the standard library, so nothing is imported that the candidate did not ask for.
+With -S no site module runs and no .pth file (an editable install's) adds the project to the
+path: the job's `sys_path` is the whole import path (the standard library and site-packages,
+never the project's source), so a candidate cannot import the evaluators or their data.
+When the job names `cgroup_procs` (the run's cgroup, evaluators/sandbox/cgroups.py), the
+harness writes its pid there first, so its whole process tree is counted and bounded.
 Exit codes: 0 value written to output.json; 1 the candidate raised (traceback on stderr);
-3 the entry point is missing; 4 the return value is not JSON data.
+3 the entry point is missing; 4 the return value is not JSON data; 5 the harness could not join
+the cgroup (no candidate code ran).
 The candidate shares this interpreter and can subvert all of it; that only hurts itself,
 since whatever it leaves in output.json is untrusted data that the parent verifies.
 
@@ -24,7 +30,7 @@ import resource
 import sys
 import traceback
 
-EXIT_RAISED, EXIT_NO_ENTRY, EXIT_BAD_VALUE = 1, 3, 4
+EXIT_RAISED, EXIT_NO_ENTRY, EXIT_BAD_VALUE, EXIT_NO_CGROUP = 1, 3, 4, 5
 
 
 def _set_limits(job: dict) -> None:
@@ -37,6 +43,21 @@ def _set_limits(job: dict) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     # RLIMIT_NPROC counts every task (process or thread) of the user, and root ignores it.
     resource.setrlimit(resource.RLIMIT_NPROC, (job["nproc"],) * 2)
+    # No POSIX message queues (they outlive the run, and nothing a candidate computes needs one).
+    resource.setrlimit(resource.RLIMIT_MSGQUEUE, (0, 0))
+    os.umask(0o077)  # files it creates (in /tmp too) are its own unless it says otherwise
+
+
+def _join_cgroup(paths: list) -> bool:
+    """Move this process into the run's cgroup (every hierarchy); False if any write failed."""
+    for path in paths:
+        try:
+            with open(path, "w", encoding="ascii") as f:
+                f.write(str(os.getpid()))
+        except OSError as err:
+            print(f"could not join the run's cgroup ({path}): {err}", file=sys.stderr, flush=True)
+            return False
+    return True
 
 
 def _reachable_by_others(path: str) -> bool:
@@ -114,6 +135,10 @@ def _print_candidate_traceback(err: BaseException) -> None:
 def main() -> int:
     with open(sys.argv[1], encoding="utf-8") as f:
         job = json.load(f)
+    if job.get("sys_path") is not None:
+        sys.path[:] = [str(p) for p in job["sys_path"]]
+    if not _join_cgroup(job.get("cgroup_procs") or []):
+        return EXIT_NO_CGROUP
     _set_limits(job)
     if job.get("uid") is not None:
         _drop_privileges(int(job["uid"]), int(job["gid"]))

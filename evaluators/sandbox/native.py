@@ -10,13 +10,16 @@ evaluation's deadline passes. Each case runs alone on one CPU: the process backe
 to its own core, the docker backend gives each slot its own one-CPU container.
 
 Verdicts of a case (`classify`), from what the runner measured:
-- TLE: CPU time (user + system, wait4's rusage of the program and the children it reaped; inside a
-  container also the cgroup's CPU while the case ran, which counts processes it left unreaped)
-  above `cpu_s`, SIGXCPU, or no exit before the wall-clock backstop `wall_s`;
-- MLE: the container's out-of-memory killer fired, the peak resident set (wait4's ru_maxrss) is
-  above `memory_mb`, or the program died after an allocation failed (RLIMIT_AS is the limit plus
-  512 MB, so a program that asks for far more memory than it may use fails to allocate; the
-  process backend has no cgroup, so this is how it stops most excess early). ru_maxrss never reads
+- TLE: CPU time (user + system, wait4's rusage of the program and the children it reaped; and the
+  CPU of the case's cgroup, which counts the processes it left unreaped too: the container's
+  while the case ran, or under the process backend the case's own cgroup) above `cpu_s`, SIGXCPU,
+  or no exit before the wall-clock backstop `wall_s`;
+- MLE: the out-of-memory killer fired in the container or the case's cgroup (the process
+  backend's: `memory_mb` + CASE_HEADROOM_MB for the whole tree), the peak resident set (wait4's
+  ru_maxrss) is above `memory_mb`, or the program died after an allocation failed (RLIMIT_AS is
+  the limit plus 512 MB, so a program that asks for far more memory than it may use fails to
+  allocate; where the process backend may run without a cgroup, this is how it stops most
+  excess early). ru_maxrss never reads
   below the runner's own resident size at fork (about 10 MB): a small program's peak is shown so;
 - OLE: more than `output_bytes` of output (RLIMIT_FSIZE, SIGXFSZ);
 - RE: any other signal or a non-zero exit status;
@@ -38,14 +41,17 @@ import tempfile
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Iterator, Protocol, Sequence
 
 RUNNER = Path(__file__).with_name("native_runner.py")
 # The AtCoder command line of docs/method.md §5b ({src} and {out} are filled in by the runner).
 COMPILE_COMMAND = ("g++", "-std=gnu++20", "-O2", "-DONLINE_JUDGE", "-DATCODER", "-o", "{out}", "{src}")
 BACKSTOP_S = 20.0  # the host gives up on a runner this long after its own limit should have ended a job
+CASE_HEADROOM_MB = 64  # a case's cgroup: its memory limit plus this (page cache of its output)
+COMPILE_TASKS = 64  # tasks of the compiler's tree (g++, cc1plus, as, ld)
 ALLOCATION_FAILED = ("std::bad_alloc", "Cannot allocate memory", "memory exhausted", "out of memory")
 
 
@@ -301,9 +307,11 @@ class LocalSession:
     """A runner process on this machine (the process backend): pinned to the core that the fewest
     of our runners use, and, when we are root, dropping the program to a fresh unprivileged uid."""
 
-    def __init__(self, slot: int, limits: NativeLimits):
-        from evaluators.sandbox.reaping import acquire_run_uid, nproc_limit
+    def __init__(self, slot: int, limits: NativeLimits, layout: Any = None):
+        from evaluators.sandbox.reaping import SCRATCH_DIRS, acquire_run_uid, nproc_limit
 
+        self.limits = limits
+        self.layout = layout  # evaluators/sandbox/cgroups.py's Layout: each case gets a cgroup; None: none
         self.token = secrets.token_hex(16)
         self.parent = tempfile.mkdtemp(prefix="discover-native-")
         os.chmod(self.parent, 0o711)
@@ -317,8 +325,9 @@ class LocalSession:
             "cpu": self.cpu,
             "workdir": os.path.join(self.parent, "w"),
             "nproc": limits.max_processes if self.uid is not None else nproc_limit(limits.max_processes),
-            "cgroup": False,  # the host's cgroup counts everyone's processes
-            "scratch": ["/tmp", "/var/tmp", "/dev/shm"] if self.uid is not None else [],
+            "cgroup": False,  # the host's cgroup counts everyone's processes; each case gets its own (case())
+            "scratch": [d for d in SCRATCH_DIRS if d != "/dev/mqueue"] if self.uid is not None else [],
+            "case_dir": True,
         }
         self.stderr = tempfile.TemporaryFile()
         try:
@@ -352,12 +361,37 @@ class LocalSession:
             raise SessionError(f"the runner is gone ({err}): {self._death()}") from None
 
     def start(self, setup: dict[str, Any], timeout: float) -> dict[str, Any]:
-        self._send({**setup, **self.common})
-        return self.reader.read(timeout)
+        if "source" not in setup or self.layout is None:
+            self._send({**setup, **self.common})
+            return self.reader.read(timeout)
+        with self._cgroup(self.limits.compile_memory_mb, COMPILE_TASKS) as group:  # the compiler's tree too
+            self._send({**setup, **self.common, "cgroup_procs": group.procs_files})
+            return self.reader.read(timeout)
 
     def case(self, index: int, text: str, timeout: float) -> dict[str, Any]:
-        self._send({"kind": "case", "index": index, "input": text})
-        return self.reader.read(timeout)
+        if self.layout is None:
+            self._send({"kind": "case", "index": index, "input": text})
+            return self.reader.read(timeout)
+        with self._cgroup(self.limits.memory_mb + CASE_HEADROOM_MB, self.limits.max_processes) as group:
+            self._send({"kind": "case", "index": index, "input": text, "cgroup_procs": group.procs_files})
+            raw = self.reader.read(timeout)
+            group.kill()  # anything the runner could not find (it kills by uid or marker)
+            raw["cgroup_cpu_s"] = group.cpu_s()  # the whole tree's CPU, reaped or not
+            raw["oom_kills"] = group.oom_kills()
+            return raw
+
+    @contextmanager
+    def _cgroup(self, memory_mb: int, tasks: int) -> Iterator[Any]:
+        from evaluators.sandbox.cgroups import RunCgroup
+
+        try:
+            group = RunCgroup(self.layout, memory_mb, tasks)
+        except OSError as err:
+            raise SessionError(f"could not make a cgroup for the program: {err}") from None
+        try:
+            yield group
+        finally:
+            group.remove()
 
     def end(self, timeout: float) -> dict[str, Any]:
         self._send({"kind": "end"})

@@ -16,10 +16,13 @@ source to compile or the binary to use), then any number of "case" (index and in
 "end". Every case is run with: its input as stdin; stdout and stderr to files of the runner that
 the program holds only as file descriptors; a new session; RLIMIT_CPU (a little above the time
 limit: SIGXCPU, then SIGKILL one second later), RLIMIT_AS (the memory limit plus 512 MB), RLIMIT_STACK
-(the memory limit, as at AtCoder), RLIMIT_FSIZE (the output cap plus one byte), RLIMIT_NPROC and
-no core dumps; one CPU (sched_setaffinity) when the host names one; oom_score_adj 1000, so that
-an out-of-memory kill takes the program first; and a wall-clock backstop after which the whole
-session is killed. The runner waits on a pidfd, kills the program's process group while its
+(the memory limit, as at AtCoder), RLIMIT_FSIZE (the output cap plus one byte), RLIMIT_NPROC, no
+POSIX message queues (RLIMIT_MSGQUEUE 0) and no core dumps; umask 077; one CPU (sched_setaffinity)
+when the host names one; oom_score_adj 1000, so that an out-of-memory kill takes the program
+first; and a wall-clock backstop after which the whole session is killed. Under the process
+backend each case also gets a cgroup made by the host (the message's `cgroup_procs`, joined
+before the uid drop, so the program's whole tree is bounded and its CPU counted, reaped or not)
+and a private directory (`case_dir`: its cwd, HOME and TMPDIR, 0700 and the uid's). The runner waits on a pidfd, kills the program's process group while its
 leader is still unreaped, then reaps it with wait4 for its CPU time and peak resident memory, and
 finally kills every process of `uid` (or, when not root, every process carrying the run's
 environment marker), removes the System V IPC objects and POSIX message queues of `uid` and wipes
@@ -117,10 +120,19 @@ class Child:
         self.marker = job["marker"]  # not the reply token: the program can read its environment
         self.env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", MARKER: self.marker}
 
-    def popen(self, argv, limits, **kw):
-        """Start `argv` under `limits` ({name: (soft, hard)}) as the unprivileged uid."""
+    def popen(self, argv, limits, cgroup_procs=(), **kw):
+        """Start `argv` under `limits` ({name: (soft, hard)}) as the unprivileged uid, inside the
+        cgroup whose `cgroup.procs` files are `cgroup_procs` (the process backend's per-case group)."""
 
-        def prepare():  # runs in the child after the uid change, before exec (we are single-threaded)
+        def prepare():  # runs in the child before exec (we are single-threaded)
+            for path in cgroup_procs:  # joined while still privileged: the whole tree is born inside
+                with open(path, "w") as f:
+                    f.write(str(os.getpid()))
+            if self.uid is not None:
+                os.setgroups([])
+                os.setgid(self.gid)
+                os.setuid(self.uid)
+            os.umask(0o077)  # what it creates (in /tmp too) is unreadable by other cases' uids
             for name, (soft, hard) in limits.items():
                 which = getattr(resource, name)
                 current = resource.getrlimit(which)[1]  # an unprivileged child cannot raise it
@@ -138,8 +150,7 @@ class Child:
             except OSError:
                 pass
 
-        extra = {"user": self.uid, "group": self.gid, "extra_groups": []} if self.uid is not None else {}
-        return subprocess.Popen(argv, env=self.env, start_new_session=True, close_fds=True, preexec_fn=prepare, **extra, **kw)
+        return subprocess.Popen(argv, env=self.env, start_new_session=True, close_fds=True, preexec_fn=prepare, **kw)
 
     def wait(self, proc, wall_s, start):
         """(timed_out, wait status, rusage, wall seconds since `start`): waits on a pidfd, kills the
@@ -307,6 +318,7 @@ def compile_source(setup, child, work):
         "RLIMIT_AS": (setup["compile_memory_mb"] * MB,) * 2,
         "RLIMIT_FSIZE": (setup["binary_mb"] * MB,) * 2,
         "RLIMIT_CORE": (0, 0),
+        "RLIMIT_MSGQUEUE": (0, 0),
     }
     start = time.monotonic()
     if shutil.which(argv[0], path=child.env["PATH"]) is None:
@@ -314,7 +326,7 @@ def compile_source(setup, child, work):
         return {"ok": False, "seconds": 0.0, "log": "the sandbox has no compiler: %s is not installed" % argv[0], "missing": True}
     with open(log_path, "wb") as log:
         child.env["TMPDIR"] = build
-        proc = child.popen(argv, limits, cwd=build, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+        proc = child.popen(argv, limits, setup.get("cgroup_procs", ()), cwd=build, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
         timed_out, status, _, _ = child.wait(proc, timeout, start)
         del child.env["TMPDIR"]
     child.clean()
@@ -358,14 +370,26 @@ def run_case(case, setup, child, work):
         "RLIMIT_FSIZE": (cap + 1, cap + 1),
         "RLIMIT_NPROC": (int(setup["nproc"]), int(setup["nproc"])),
         "RLIMIT_CORE": (0, 0),
+        "RLIMIT_MSGQUEUE": (0, 0),  # no POSIX message queues: they would outlive the case
     }
+    # The process backend gives each case its own directory (its cwd, HOME and TMPDIR): 0700, the
+    # uid's, gone after the case. In a container the program writes nowhere: its cwd is bin/.
+    private = os.path.join(work, "case") if setup.get("case_dir") else None
+    if private is not None:
+        owned_dir(private, child)
+        child.env.update(HOME=private, TMPDIR=private)
     cpu0, oom0 = (cgroup_cpu_s(), cgroup_oom_kills()) if setup.get("cgroup") else (None, None)
     with open(paths["input"], "rb") as stdin, open(paths["stdout"], "wb") as stdout, open(paths["stderr"], "wb") as stderr:
         start = time.monotonic()
-        proc = child.popen([os.path.join(work, "bin", "main")], limits, cwd=os.path.join(work, "bin"), stdin=stdin, stdout=stdout, stderr=stderr)
+        proc = child.popen(
+            [os.path.join(work, "bin", "main")], limits, case.get("cgroup_procs", ()), cwd=private or os.path.join(work, "bin"), stdin=stdin, stdout=stdout, stderr=stderr,
+        )
         timed_out, status, usage, wall = child.wait(proc, float(setup["wall_s"]), start)
     cpu1, oom1 = (cgroup_cpu_s(), cgroup_oom_kills()) if setup.get("cgroup") else (None, None)
     clean = child.clean()
+    if private is not None:
+        del child.env["HOME"], child.env["TMPDIR"]
+        shutil.rmtree(private, ignore_errors=True)
     out, out_size = tail(paths["stdout"], cap)
     err, _ = tail(paths["stderr"], STDERR_TAIL)
     for path in paths.values():

@@ -1,25 +1,42 @@
-"""The process backend: each candidate runs in a fresh Python process under rlimits.
+"""The process backend: each candidate runs in a fresh Python process under rlimits and a cgroup.
 
-Per run: a new temp directory (deleted afterwards) holding candidate.py, input.json and job.json;
-`harness.py` loads the candidate, calls `entry(argument)` and writes the value to output.json.
-The process gets its own process group, a clean environment, rlimits (set by the harness before
-any candidate code runs) and a wall-clock timeout after which the whole group is SIGKILLed.
+Per run: a new temp directory (0700; the run's uid's when we are root; deleted afterwards) holding
+candidate.py, input.json and job.json; `harness.py` loads the candidate, calls `entry(argument)`
+and writes the value to output.json. The process gets its own process group, a clean environment,
+rlimits (set by the harness before any candidate code runs), umask 077, no POSIX message queues
+(RLIMIT_MSGQUEUE 0), an import path without the project's own source (`python -S` and the job's
+`sys_path`: an editable install's .pth file never runs) and a wall-clock timeout after which the
+whole tree is SIGKILLed.
+
+The whole process tree is bounded by a cgroup made for the run (evaluators/sandbox/cgroups.py):
+memory (no swap) = `memory_mb` for the tree together, tasks = `max_processes`, CPU quota =
+`cpus`. The harness joins it before it drops privileges, so every process the candidate starts
+is born inside; an out-of-memory kill anywhere in it fails the run ("memory limit ... exceeded
+by the process tree"), and afterwards the group is killed as a whole and removed. Where no
+cgroup can be made (no cgroup filesystem we may write: a normal user without a delegated
+cgroup v2, see `DISCOVER_CGROUP_PARENT`), the backend refuses to start (UnboundedProcessTree,
+one line naming the fix) unless `allow_unbounded_process_tree` (the configuration's
+sandbox.allow_unbounded_process_tree) is set; then it warns once and bounds each process alone.
 
 When we run as root (CI, containers), each run gets its own unprivileged uid/gid, picked at random
 from a range no account uses: the harness drops to it before the candidate runs. Then
 RLIMIT_NPROC binds (the uid has no other tasks), root-only files are unreadable, the candidate
 cannot signal our processes, and after the run every process of that uid is killed, wherever
-it went (no marker needed).
+it went (no marker needed), and what the uid left is removed: its files in /tmp, /var/tmp,
+/run/lock and /dev/shm, its System V IPC objects and POSIX message queues (reaping.remove_owned).
 
 What this backend does NOT isolate (use the docker backend for untrusted models):
-- the filesystem: as a normal user the candidate can read and write whatever we can; as root
-  (dropped uid) it can still read world-readable files and write world-writable places (/tmp);
+- reading: the candidate can read every world-readable file (this repository and its evaluators
+  included, though it cannot import them) and, as a normal user, everything we can read and write;
+- writing: as root (dropped uid) it can still write world-writable places (/tmp) while it runs,
+  and may share such files with a run that runs at the same time if it makes them readable on
+  purpose; as a normal user nothing it wrote outside its run directory is removed afterwards;
 - the network: sockets are not blocked;
-- as a normal user: processes that leave the process group (setsid) are found only by an
-  environment marker (`/proc/*/environ`), which a process that re-execs itself with a cleaned
-  environment evades (RLIMIT_CPU still kills them), and RLIMIT_NPROC counts all of our tasks;
-- memory: RLIMIT_AS limits address space per process, not the real memory of the process tree;
-- CPU count: `limits.cpus` only sets the thread variables of numeric libraries;
+- as a normal user: processes that leave the process group (setsid) are found by the cgroup, or
+  without one only by an environment marker (`/proc/*/environ`, evaded by a process that re-execs
+  itself with a cleaned environment; RLIMIT_CPU still ends it); RLIMIT_NPROC counts all of our
+  tasks; System V IPC objects are not removed;
+- without a cgroup (only when allowed): memory is bounded per process (RLIMIT_AS), not for the tree;
 - disk: RLIMIT_FSIZE caps each file, not the number of files;
 - the kernel: no namespaces, no seccomp.
 """
@@ -27,9 +44,11 @@ What this backend does NOT isolate (use the docker backend for untrusted models)
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import secrets
+import threading
 import signal
 import subprocess
 import sys
@@ -38,27 +57,82 @@ import time
 from pathlib import Path
 from typing import Any
 
+from evaluators.sandbox.cgroups import Layout, RunCgroup, available
 from evaluators.sandbox.base import DATA_ENV, SandboxLimits, SandboxResult
 from evaluators.sandbox.reaping import (
     MARKER_VAR,
     acquire_run_uid,
+    candidate_sys_path,
     kill_group,
     kill_marked,
     kill_uid,
     nproc_limit,
     release_run_uid,
+    remove_owned,
     remove_tree,
     wait_unreaped,
 )
 from evaluators.sandbox.run_outputs import failure_reason, read_logs, read_output
 
 HARNESS = Path(__file__).with_name("harness.py")
+ALLOW_ENV = "DISCOVER_ALLOW_UNBOUNDED_PROCESS_TREE"  # "1": the config switch, for processes that read no config
+EXIT_NO_CGROUP = 5  # harness.py: it could not join the run's cgroup (the candidate never ran)
+log = logging.getLogger(__name__)
+_warned = threading.Event()
+
+
+class UnboundedProcessTree(ValueError):
+    """The process backend cannot bound a candidate's process tree here and was not allowed to run
+    without that bound (sandbox.allow_unbounded_process_tree)."""
+
+
+def tree_bound() -> tuple[Layout | None, str]:
+    """(layout, "") when the process backend can bound a whole process tree here, else (None, why)."""
+    return available()
+
+
+def check_tree_bound(allow_unbounded: bool) -> Layout | None:
+    """The cgroup layout runs are bounded with; None when there is none and that was allowed (a
+    warning, once per process); UnboundedProcessTree when there is none and it was not."""
+    layout, why = tree_bound()
+    if layout is not None:
+        return layout
+    if not allow_unbounded:
+        raise UnboundedProcessTree(unbounded_message(why))
+    if not _warned.is_set():
+        _warned.set()
+        log.warning(
+            "process sandbox: %s, so a candidate's process tree is bounded only per process (rlimits), "
+            "not in total (sandbox.allow_unbounded_process_tree is set)", why,
+        )
+    return None
+
+
+def unbounded_message(why: str) -> str:
+    return (f"the process sandbox cannot bound a candidate's process tree here ({why}); "
+            "use sandbox.backend: docker or set sandbox.allow_unbounded_process_tree: true")
+
+
+def allow_from_env() -> bool:
+    return os.environ.get(ALLOW_ENV, "") == "1"
 
 
 class ProcessSandbox:
-    """Runs untrusted Python in a subprocess with rlimits and a process-group kill on timeout."""
+    """Runs untrusted Python in a subprocess with rlimits, a cgroup around its whole process tree
+    where the machine allows one, and a kill of everything it started at the end.
+
+    `allow_unbounded_process_tree` (default: the environment variable DISCOVER_ALLOW_UNBOUNDED_PROCESS_TREE
+    is "1") lets it run where no cgroup can be made, with rlimits alone; otherwise it refuses
+    (`UnboundedProcessTree`) when it is made.
+    """
 
     name = "process"
+
+    def __init__(self, allow_unbounded_process_tree: bool | None = None):
+        if allow_unbounded_process_tree is None:
+            allow_unbounded_process_tree = allow_from_env()
+        self.allow_unbounded_process_tree = bool(allow_unbounded_process_tree)
+        self.layout = check_tree_bound(self.allow_unbounded_process_tree)
 
     def run(
         self, program: str, entry: str, argument: Any, limits: SandboxLimits, data_dir: Path | None = None,
@@ -84,7 +158,7 @@ class ProcessSandbox:
         """Compile a C++ program once and run it on each case (evaluators/sandbox/native.py)."""
         from evaluators.sandbox.native import LocalSession, run_program
 
-        return run_program(lambda slot: LocalSession(slot, limits), source, cases, limits, on_case)
+        return run_program(lambda slot: LocalSession(slot, limits, self.layout), source, cases, limits, on_case)
 
     def _run_in(
         self, workdir: Path, program: str, entry: str, argument: Any, limits: SandboxLimits, data_dir: Path | None,
@@ -101,30 +175,42 @@ class ProcessSandbox:
             "fsize_mb": int(limits.max_file_mb),
             "nproc": nproc_limit(limits.max_processes),
             "address_space": bool(limits.limit_address_space),
+            # the interpreter's import path without the project's own source (python -S: no .pth)
+            "sys_path": candidate_sys_path(),
         }
         uid = acquire_run_uid()
+        group = None
         try:
+            if self.layout is not None:
+                group = RunCgroup(self.layout, limits.memory_mb, limits.max_processes, cpus=max(1, limits.cpus))
+                job["cgroup_procs"] = group.procs_files  # the harness joins it before dropping to `uid`
             if uid is not None:
                 job["uid"] = job["gid"] = uid
                 for path in (workdir, *workdir.iterdir()):
                     os.chown(path, uid, uid)
             (workdir / "job.json").write_text(json.dumps(job), encoding="utf-8")
-            return self._spawn(workdir, limits, uid, data_dir, device)
+            return self._spawn(workdir, limits, uid, data_dir, device, group)
         finally:
+            if group is not None:
+                group.remove()
             if uid is not None:
                 kill_uid(uid)
+                remove_owned(uid)  # its files in /tmp, /var/tmp, /run/lock, /dev/shm; its IPC objects
                 release_run_uid(uid)
 
     def _spawn(
-        self, workdir: Path, limits: SandboxLimits, uid: int | None, data_dir: Path | None, device: str | None = None
+        self, workdir: Path, limits: SandboxLimits, uid: int | None, data_dir: Path | None, device: str | None = None,
+        group: RunCgroup | None = None,
     ) -> SandboxResult:
         token = secrets.token_hex(16)
         cap = int(limits.max_output_bytes)
 
         with open(workdir / "stdout.txt", "w+b") as out, open(workdir / "stderr.txt", "w+b") as err:
-            # Not `-I`: it implies -E, which would drop PYTHONHASHSEED. -s -B -P plus a clean
-            # environment give the same isolation; site-packages stay importable (numpy, scipy).
-            cmd = [sys.executable, "-s", "-B", "-P", str(HARNESS), "job.json"]
+            # Not `-I`: it implies -E, which would drop PYTHONHASHSEED. -S: no site module, so no
+            # .pth file (an editable install's) puts the project on the path; the harness sets
+            # sys.path from the job (site-packages kept: numpy, scipy). -s -B -P plus a clean
+            # environment do the rest.
+            cmd = [sys.executable, "-S", "-s", "-B", "-P", str(HARNESS), "job.json"]
             try:
                 proc = subprocess.Popen(
                     cmd,
@@ -142,6 +228,8 @@ class ProcessSandbox:
             # Kill the whole group while the (unreaped) leader still pins its pgid, which also
             # removes background children left behind after a normal exit.
             kill_group(proc.pid)
+            if group is not None:
+                group.kill()  # the whole tree, wherever its processes went
             if uid is not None:
                 kill_uid(uid)  # everything the run started, wherever it went
             else:
@@ -151,6 +239,14 @@ class ProcessSandbox:
 
         if timed_out:
             return SandboxResult(ok=False, reason=f"timeout after {limits.timeout_s:g} s", logs=logs)
+        if group is not None and group.oom_kills():  # whoever was killed, the tree went over
+            return SandboxResult(
+                ok=False, logs=logs,
+                reason=f"memory limit ({limits.memory_mb} MB) exceeded by the process tree: the out-of-memory killer fired",
+            )
+        if returncode == EXIT_NO_CGROUP and group is not None and not group.cpu_s():
+            # nothing ever ran in the group (a candidate that exits with 5 itself did): ours to fix
+            raise RuntimeError(f"the process sandbox could not move the candidate into its cgroup: {last_err_line}")
         if returncode == 0:
             output, reason = read_output(workdir / "output.json", cap)
             return SandboxResult(ok=not reason, output=output, reason=reason, logs=logs)

@@ -12,6 +12,7 @@ import os
 import secrets
 import shutil
 import signal
+import sys
 import threading
 import time
 
@@ -159,11 +160,19 @@ def kill_marked(token: str, rounds: int = 3) -> None:
 
 
 def remove_tree(path: str) -> None:
-    """Delete the run directory even if the candidate made parts of it unwritable."""
+    """Delete the run directory even if the candidate made parts of it unwritable (never changing
+    anything outside it: the directory it sits in, /tmp, is left as it is)."""
+    if not os.path.lexists(path):
+        return
+    root = os.path.abspath(path)
 
     def make_writable_and_retry(func, p, _exc):
+        if os.path.abspath(p) == root and not os.path.lexists(p):
+            return  # gone already; never touch the directory the tree sits in (/tmp)
         try:
-            os.chmod(os.path.dirname(p), 0o700)
+            parent = os.path.abspath(os.path.dirname(p))
+            if parent == root or parent.startswith(root + os.sep):
+                os.chmod(parent, 0o700)
             if os.path.isdir(p) and not os.path.islink(p):
                 os.chmod(p, 0o700)
             func(p)
@@ -173,3 +182,117 @@ def remove_tree(path: str) -> None:
     shutil.rmtree(path, onerror=make_writable_and_retry)
     if os.path.exists(path):
         shutil.rmtree(path, ignore_errors=True)
+
+
+# World-writable places a run's uid can leave files in (each checked only where it exists).
+SCRATCH_DIRS = ("/tmp", "/var/tmp", "/run/lock", "/var/lock", "/dev/shm", "/dev/mqueue")
+SYSV_IPC = {"shm": "-m", "msg": "-q", "sem": "-s"}  # /proc/sysvipc/<kind> -> ipcrm's option
+
+
+def owned_ipc(uid: int) -> list[tuple[str, int]]:
+    """System V IPC objects (kind, id) that `uid` owns or created."""
+    found = []
+    for kind in SYSV_IPC:
+        try:
+            with open(f"/proc/sysvipc/{kind}", encoding="ascii") as f:
+                header = f.readline().split()
+                ident = header.index("shmid" if kind == "shm" else "msqid" if kind == "msg" else "semid")
+                columns = [header.index("uid"), header.index("cuid")]
+                for line in f:
+                    fields = line.split()
+                    if fields and any(int(fields[c]) == uid for c in columns):
+                        found.append((kind, int(fields[ident])))
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+def remove_owned(uid: int, scratch: tuple[str, ...] = SCRATCH_DIRS) -> list[str]:
+    """Root, after every process of `uid` is dead: delete what `uid` left in the world-writable
+    directories (top-level entries it owns, whole), its System V IPC objects and its POSIX message
+    queues (through a private mount of the mqueue filesystem when /dev/mqueue is not mounted).
+    Nothing of `uid` runs any more, so no link can be swapped in under us. Returns what was removed."""
+    removed = []
+    for top in scratch:
+        removed += _remove_owned_in(top, uid)
+    if not os.path.ismount("/dev/mqueue"):
+        removed += _remove_owned_queues(uid)
+    for kind, ident in owned_ipc(uid):
+        if _ipc_rmid(kind, ident):
+            removed.append(f"sysvipc {kind} {ident}")
+    return removed
+
+
+def _remove_owned_in(top: str, uid: int) -> list[str]:
+    removed = []
+    try:
+        entries = list(os.scandir(top))
+    except OSError:
+        return removed
+    for entry in entries:
+        try:
+            if entry.stat(follow_symlinks=False).st_uid != uid:
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                remove_tree(entry.path)
+            else:
+                os.unlink(entry.path)
+            removed.append(entry.path)
+        except OSError:
+            continue
+    return removed
+
+
+def _remove_owned_queues(uid: int) -> list[str]:
+    """POSIX message queues of `uid`, seen through a mount of the mqueue filesystem of our IPC
+    namespace in a private directory (root only; nothing is left mounted)."""
+    import ctypes
+    import tempfile
+
+    if os.geteuid() != 0:
+        return []
+    libc = ctypes.CDLL(None, use_errno=True)
+    point = tempfile.mkdtemp(prefix="discover-mqueue-")
+    removed = []
+    try:
+        if libc.mount(b"mqueue", point.encode(), b"mqueue", 0, None) != 0:
+            return removed
+        try:
+            removed = [p.replace(point, "mqueue:", 1) for p in _remove_owned_in(point, uid)]
+        finally:
+            libc.umount2(point.encode(), 2)  # MNT_DETACH
+    finally:
+        try:
+            os.rmdir(point)
+        except OSError:
+            pass
+    return removed
+
+
+def _ipc_rmid(kind: str, ident: int) -> bool:
+    import subprocess
+
+    for tool in ("/usr/bin/ipcrm", "/bin/ipcrm"):
+        if os.path.exists(tool):
+            done = subprocess.run([tool, SYSV_IPC[kind], str(ident)], capture_output=True, check=False)
+            return done.returncode == 0
+    return False
+
+
+def candidate_sys_path() -> list[str]:
+    """The import path a candidate's interpreter gets (started with -S, so no .pth file runs): ours,
+    less the current directory and every directory that holds this project's source (its root, an
+    editable install's entry: a directory with `evaluators/` or `discover/` packages), so that a
+    candidate cannot import or patch the evaluators; the standard library and site-packages stay
+    (numpy, scipy, torch), even when the virtual environment lives inside the project."""
+    project = os.path.realpath(os.path.join(os.path.dirname(__file__), "..", ".."))
+    path = []
+    for entry in sys.path:
+        if not entry:
+            continue
+        real = os.path.realpath(entry)
+        if real == project or any(os.path.isfile(os.path.join(real, pkg, "__init__.py")) for pkg in ("evaluators", "discover", "flows")):
+            continue
+        if os.path.exists(real):
+            path.append(real)
+    return path
