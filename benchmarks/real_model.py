@@ -1,0 +1,152 @@
+"""A real pretrained model through the whole method: TTT-Discover against PUCT without training and
+against best-of-N, at one sampling budget, on CPU (issue 19).
+
+Each arm is a real discovery run (Prefect flow, sandboxed evaluation) of the same configuration,
+by default configs/smollm2-circles.yaml (SmolLM2-135M-Instruct on circle packing, n = 26, every
+seed state carrying the starter program circles_grow.py); the arms differ only as in
+benchmarks/toy_learning.py:
+  ttt        adaptive entropic objective + PUCT reuse (the method);
+  puct-only  PUCT reuse, no training;
+  best-of-N  no reuse, no training: every rollout from a seed state.
+Every arm samples steps x groups x rollouts_per_group completions per seed.
+
+Printed, per arm: the best reward a rollout reached (seeds excluded) per seed, the valid fraction
+and the mean reward by step (means over seeds), wall time; and for the TTT arm the mean
+|sampler - learner| log-probability gap of each training step (train/logprob_gap). The picture
+(mean reward and valid fraction by step, one line per arm) goes to --plot.
+
+    .venv/bin/python benchmarks/real_model.py [--seeds 0 1 2] [--steps 3] [--groups 2]
+        [--rollouts 4] [--answer-tokens 256] [--config configs/smollm2-circles.yaml]
+        [--out runs/bench-real] [--plot docs/plots/real_model_circles.png]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from toy_learning import ARMS, arm_config  # noqa: E402 - benchmarks/ is this script's folder
+
+
+def _mean(xs: list[float | None]) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return sum(xs) / len(xs) if xs else None
+
+
+def _fmt(x: float | None, digits: int = 3) -> str:
+    return "–" if x is None else f"{x:.{digits}f}"
+
+
+def plot(per_step: dict[str, dict[str, list[float | None]]], title: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    for arm, series in per_step.items():
+        steps = list(range(len(series["mean"])))
+        axes[0].plot(steps, [float("nan") if v is None else v for v in series["mean"]], marker="o", label=arm)
+        axes[1].plot(steps, [float("nan") if v is None else v for v in series["valid"]], marker="o", label=arm)
+    axes[0].set(xlabel="step", ylabel="mean reward of the step's rollouts", title="mean reward (invalid = 0)")
+    axes[1].set(xlabel="step", ylabel="valid fraction", title="valid candidates", ylim=(-0.02, 1.02))
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--groups", type=int, default=2)
+    parser.add_argument("--rollouts", type=int, default=4, help="rollouts per group")
+    parser.add_argument("--answer-tokens", type=int, default=256)
+    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    parser.add_argument("--config", type=Path, default=ROOT / "configs" / "smollm2-circles.yaml")
+    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "bench-real")
+    parser.add_argument("--plot", type=Path, default=ROOT / "docs" / "plots" / "real_model_circles.png")
+    args = parser.parse_args()
+
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    from discover.config import parse_config
+    from discover.metrics import run_metrics
+    from flows.run_flow import discovery_run
+
+    base = yaml.safe_load(args.config.read_text())
+    base.update(groups=args.groups, rollouts_per_group=args.rollouts)
+    base.setdefault("sampling", {})["max_answer_tokens"] = args.answer_tokens
+    shutil.rmtree(args.out, ignore_errors=True)
+    records: dict[tuple[str, int], list[dict]] = {}
+    seconds: dict[str, float] = {arm: 0.0 for arm in args.arms}
+    for seed in args.seeds:
+        for arm in args.arms:
+            cfg = parse_config(arm_config(base, arm, seed, args.steps, args.out))
+            t0 = time.time()
+            discovery_run(config=cfg)
+            seconds[arm] += time.time() - t0
+            records[(arm, seed)] = [rec for _, rec in run_metrics(Path(cfg.run_dir))]
+            best = max((r["reward/max"] or 0.0) for r in records[(arm, seed)])
+            print(f"seed {seed} {arm:>10}: best rollout {best:.4f} ({time.time() - t0:.0f} s)", flush=True)
+
+    budget = args.groups * args.rollouts * args.steps
+    problem = base["problem"]
+    print(
+        f"\n{problem}, model {base['model']['name']}: {args.steps} steps x {args.groups} groups x {args.rollouts} rollouts "
+        f"= {budget} samples per arm and seed, {args.answer_tokens} answer tokens, seeds {args.seeds}\n"
+    )
+    print("| arm | " + " | ".join(f"best, seed {s}" for s in args.seeds) + " | seed states' best (mean) | wall time (all seeds) |")
+    print("|---|" + "---:|" * (len(args.seeds) + 2))
+    per_step: dict[str, dict[str, list[float | None]]] = {}
+    for arm in args.arms:
+        bests = [max((r["reward/max"] or 0.0) for r in records[(arm, s)]) for s in args.seeds]
+        seed_best = _mean([_seed_best(args.out, arm, s) for s in args.seeds])
+        print(f"| {arm} | " + " | ".join(f"{b:.4f}" for b in bests) + f" | {_fmt(seed_best, 4)} | {seconds[arm] / 60:.1f} min |")
+        per_step[arm] = {
+            key: [_mean([records[(arm, s)][t][metric] for s in args.seeds]) for t in range(args.steps)]
+            for key, metric in (("mean", "reward/mean"), ("valid", "reward/valid_fraction"))
+        }
+    print("\n| arm | " + " | ".join(f"step {t}: valid / mean" for t in range(args.steps)) + " |")
+    print("|---|" + "---:|" * args.steps)
+    for arm, series in per_step.items():
+        print(f"| {arm} | " + " | ".join(f"{_fmt(v, 2)} / {_fmt(m, 3)}" for v, m in zip(series["valid"], series["mean"])) + " |")
+    if "ttt" in args.arms:
+        gaps = [[records[("ttt", s)][t].get("train/logprob_gap") for s in args.seeds] for t in range(args.steps)]
+        print("\nTTT: mean |sampler - learner| log-probability gap per completion token, by step (seeds " f"{args.seeds}):")
+        print("  " + ", ".join(f"step {t}: " + "/".join(_fmt(g, 4) for g in gs) for t, gs in enumerate(gaps)))
+    title = f"{base['model']['name']} on {problem}, {budget} samples per arm and seed, mean over seeds {args.seeds}"
+    plot(per_step, title, args.plot)
+    (args.out / "results.json").write_text(json.dumps({f"{a}/{s}": r for (a, s), r in records.items()}, indent=1))
+    print(f"\npicture: {args.plot}; per-step records: {args.out / 'results.json'}")
+    return 0
+
+
+def _seed_best(out: Path, arm: str, seed: int) -> float | None:
+    """The best reward among the run's seed states (what every arm starts from)."""
+    import pyarrow.parquet as pq
+
+    from storage.layout import RunLayout
+
+    archive = RunLayout(out / f"{arm}-seed{seed}").archive(0)
+    if not archive.is_file():
+        return None
+    return float(max(pq.read_table(archive, columns=["reward"]).column("reward").to_pylist()))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
