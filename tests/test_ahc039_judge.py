@@ -199,7 +199,7 @@ def test_bad_inputs_are_refused_with_the_problem_named() -> None:
 
 # -- issue 21: as the official tool judges, in bounded time and memory ---------------------------------
 
-TINY = "4\n0 0\n1 0\n1 1\n0 1\n"  # a legal 1x1 net: 20 bytes
+TINY = "4\n0 0\n1 0\n1 1\n0 1\n"  # a legal 1x1 net: 18 bytes
 
 
 @pytest.mark.parametrize("output", ["", "\n", "  \r\n\t", b""], ids=["empty", "newline", "blanks", "bytes"])
@@ -212,7 +212,10 @@ def test_an_empty_output_scores_1_as_the_official_tool_scores_it(output: str | b
 def test_a_5000_digit_number_gets_a_verdict() -> None:
     inp = points_input([(12, 12)], [(100, 100)])
     huge = "7" * 5000
-    for output in (f"4 10 10 20 10 20 20 10 {huge}", f"{huge} 10 10", f"4 10 10 20 10 20 20 10 20\n-{huge}"):
+    for output in (
+        f"4 10 10 20 10 20 20 10 {huge}", f"{huge} 10 10", f"4 10 10 20 10 20 20 10 20\n-{huge}",
+        f"4\n{huge} 0\n" + "4 10 10 20 10 20 20 10 20",  # inside the first polygon, with more after it
+    ):
         verdict = judge_output(inp, output)
         assert not verdict.valid and verdict.score == 0
         assert "a number out of the 64-bit range" in verdict.reason, verdict.reason

@@ -99,6 +99,8 @@ def read_polygons(text: str) -> tuple[list[np.ndarray], int, str]:
             break
         heads.append(i)
         i += 1 + 2 * m
+        if i > len(values):  # this polygon's coordinates run past the integers read: reported below
+            break
     read_to = min(i, len(values))  # the coordinates read before the walk stopped
     is_coord = np.ones(read_to, dtype=bool)
     is_coord[heads] = False
