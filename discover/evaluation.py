@@ -35,11 +35,13 @@ from discover.records import Evaluation, Rollout, child_id
 from discover.run import Run, load_archive, make_problem
 from evaluators.base import EvalResult, ParentView, Problem
 from evaluators.sandbox import sandbox_for
+from evaluators.sandbox.base import infrastructure_failure
 from storage.candidates import CandidateStore
 
 log = logging.getLogger("discover")
 
 NO_CANDIDATE = "no candidate found in the answer"
+EVALUATOR_FAULT = "evaluator fault"  # how the reason of a verdict made from a judge's exception begins
 
 
 @dataclass(frozen=True)
@@ -99,18 +101,46 @@ def _problem(config_json: str) -> Problem:
     return make_problem(RunConfig.model_validate_json(config_json))
 
 
+def judge_candidate(problem: Problem, candidate: str, parent: ParentView | None, sandbox: Any, who: str) -> EvalResult:
+    """`problem.evaluate(candidate, parent, sandbox)`, where whatever the candidate wrote gets a verdict.
+
+    An exception raised while the problem judges the candidate (its judge choking on the output:
+    a number too long for `int()`, a header declaring a petabyte, a recursion too deep) is that
+    candidate's verdict: invalid, reward 0, the reason naming the evaluator fault, logged as an
+    error with `who` (the candidate's id). It is stored like any result, so a resumed run does not
+    judge the candidate again. A failure of the infrastructure (`infrastructure_failure`: no
+    Docker engine, a lost container or runner, the operating system refusing) is raised as it is,
+    for the engine to retry and the step to fail loudly.
+    """
+    try:
+        return problem.evaluate(candidate, parent, sandbox)
+    except Exception as err:  # noqa: BLE001 - sorted into the infrastructure's and the judge's just below
+        if infrastructure_failure(err):
+            raise
+        what = f"{type(err).__name__}: {err}"
+        if len(what) > 500:
+            what = what[:500] + "..."
+        log.error(
+            "candidate %s of %s: the evaluator raised while judging it (%s); it is scored 0 (an evaluator fault, not retried)",
+            who, problem.name, what, exc_info=log.isEnabledFor(logging.DEBUG),
+        )
+        return EvalResult.invalid(f"{EVALUATOR_FAULT}: judging this candidate raised {what}")
+
+
 def run_job(job: CandidateJob) -> EvalResult:
     """Score one candidate in its problem's sandbox on this machine; its `EvalResult` back, with
     the seconds it took.
 
-    A candidate's own failure (a crash, a timeout, a wrong answer) is a result with reward 0; an
-    exception here is the infrastructure's (no Docker engine, a lost container) and is retried.
+    A candidate's own failure (a crash, a timeout, a wrong answer) is a result with reward 0, and so
+    is an exception its judging raises (`judge_candidate`: an evaluator fault). An exception out of
+    here is the infrastructure's (no sandbox backend, no Docker engine, a lost container) or the
+    configuration's, and is retried by the engine (flows/evaluation.py).
     """
     config = json.loads(job.config_json)
     problem = _problem(job.config_json)
     sandbox = sandbox_for(problem, config["sandbox"]["backend"], config["sandbox"]["concurrency"])
     t0 = time.time()
-    verdict = problem.evaluate(job.candidate, ParentView(job.parent_code, job.parent_construction), sandbox)
+    verdict = judge_candidate(problem, job.candidate, ParentView(job.parent_code, job.parent_construction), sandbox, job.child_id)
     return dataclasses.replace(verdict.verdict(), seconds=time.time() - t0)
 
 

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, ContextManager
 
+from discover.evaluation import judge_candidate
 from discover.records import Reevaluation, State
 from discover.run import Run, load_archive, read_evaluations
 from evaluators.base import EvalResult, ParentView
@@ -93,7 +94,7 @@ def reevaluate_states(
         else:
             with slot():
                 if problem.needs_sandbox:  # run the program again, from the same parent
-                    result = problem.evaluate(_candidate(run, state), _parent_view(run, state), sandbox)
+                    result = judge_candidate(problem, _candidate(run, state), _parent_view(run, state), sandbox, state.id)
                 else:  # a data problem: certify the construction again
                     result = problem.verify(state.construction)
         ran_on = ""  # a problem that needs no GPU

@@ -21,7 +21,7 @@ import numpy as np
 
 from discover.archive import Archive, update_archive as apply_archive_update
 from discover.config import RunConfig
-from discover.evaluation import StepEvaluation, thread_pool
+from discover.evaluation import StepEvaluation, judge_candidate, thread_pool
 from discover.mixed import best_past_rollouts, mixed_stream
 from discover.objectives import group_advantages
 from discover.preflight import preflight
@@ -86,7 +86,7 @@ def _seed_states(run: Run) -> list[State]:
     for i, seed in enumerate(seeds):
         if seed.code.strip() and problem.needs_sandbox and seed.construction is None:
             if seed.code not in scored:
-                scored[seed.code] = problem.evaluate(seed.code, None, sandbox)  # a program: run it to score it
+                scored[seed.code] = judge_candidate(problem, seed.code, None, sandbox, f"seed {i}")  # a program: run it to score it
             verdict = scored[seed.code]
         else:
             verdict = dataclasses.replace(problem.verify(seed.construction), construction=seed.construction)

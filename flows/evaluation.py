@@ -30,7 +30,9 @@ from flows.engines import resource_request
 # run on a pool's machines never use more GPUs than the pool has.
 GPU_LIMIT_ENV = "DISCOVER_GPU_LIMIT"
 
-# Failures of infrastructure are retried; a bad configuration or run directory is not.
+# Failures of infrastructure are retried; a bad configuration or run directory is not. An exception
+# of a problem's judging never gets here: run_job makes it the candidate's verdict (an evaluator
+# fault, evaluators/sandbox/base.py `infrastructure_failure` draws the line).
 _NO_RETRY = (ValueError, KeyError, TypeError, RunDirError)
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from evaluators.algorithms.ahc039 import Input, inside_mask, judge, judge_output, parse_input
 from evaluators.algorithms.cases import public_inputs
+from evaluators.algorithms.judging import MAX_OUTPUT_BYTES
 
 SQUARE = [(10, 10), (20, 10), (20, 20), (10, 20)]
 # The statement's example output (shown for seed 0 by the contest's visualizer).
@@ -114,7 +115,6 @@ def test_collinear_vertices_are_allowed_and_change_nothing() -> None:
 @pytest.mark.parametrize(
     "output, reason",
     [
-        ("", "the output holds no polygon"),
         ("3\n0 0\n1 0\n1 1\n", "m = 3 vertices; m must lie in [4, 1000]"),
         ("1001\n" + "0 0\n" * 1001, "m = 1001 vertices"),
         ("4\n0 0\n10 0\n10 10\n-1 10\n", "polygon 1, vertex 3: x = -1 lies outside [0, 100000]"),
@@ -141,7 +141,7 @@ def test_collinear_vertices_are_allowed_and_change_nothing() -> None:
         (fmt([(0, 0), (100000, 0), (100000, 100000), (0, 100000), (0, 50000), (0, 1)]), None),
     ],
     ids=[
-        "empty", "m<4", "m>1000", "x<0", "x>1e5", "y>1e5", "decimal", "word", "count-word", "truncated",
+        "m<4", "m>1000", "x<0", "x>1e5", "y>1e5", "decimal", "word", "count-word", "truncated",
         "duplicate", "slanted", "slanted-closing", "too-long", "crossing", "pinch", "t-junction",
         "turn-back", "shared-stretch", "not-utf8", "valid-square", "valid-notch", "valid-collinear",
     ],
@@ -195,3 +195,59 @@ def test_a_thousand_vertex_net_is_judged() -> None:
 def test_bad_inputs_are_refused_with_the_problem_named() -> None:
     with pytest.raises(ValueError, match="not an AHC039 input"):
         judge("10 4 500 1\n1 2 3", "4 0 0 1 0 1 1 0 1")
+
+
+# -- issue 21: as the official tool judges, in bounded time and memory ---------------------------------
+
+TINY = "4\n0 0\n1 0\n1 1\n0 1\n"  # a legal 1x1 net: 18 bytes
+
+
+@pytest.mark.parametrize("output", ["", "\n", "  \r\n\t", b""], ids=["empty", "newline", "blanks", "bytes"])
+def test_an_empty_output_scores_1_as_the_official_tool_scores_it(output: str | bytes) -> None:
+    """The official tool reads no polygon, scores the empty net: nothing inside, 0 - 0 + 1."""
+    verdict = judge(public_inputs("ahc039")[0], output)
+    assert verdict.valid and verdict.score == 1 and verdict.reason == ""
+
+
+def test_a_5000_digit_number_gets_a_verdict() -> None:
+    inp = points_input([(12, 12)], [(100, 100)])
+    huge = "7" * 5000
+    for output in (
+        f"4 10 10 20 10 20 20 10 {huge}", f"{huge} 10 10", f"4 10 10 20 10 20 20 10 20\n-{huge}",
+        f"4\n{huge} 0\n" + "4 10 10 20 10 20 20 10 20",  # inside the first polygon, with more after it
+    ):
+        verdict = judge_output(inp, output)
+        assert not verdict.valid and verdict.score == 0
+        assert "a number out of the 64-bit range" in verdict.reason, verdict.reason
+    # leading zeros do not make a number large: the official tool parses it as 20
+    assert judge_output(inp, "4 10 10 20 10 20 20 10 " + "0" * 5000 + "20").valid
+
+
+def test_megabytes_of_tiny_polygons_are_judged_in_bounded_memory() -> None:
+    """32 MiB of 4-vertex nets (the most a case may print) once took the judge 3.4 GB: now its
+    allocations stay within a small multiple of the output, and the last polygon is scored."""
+    import tracemalloc
+
+    inp = parse_input(public_inputs("ahc039")[0])
+    count = (MAX_OUTPUT_BYTES - 100) // len(TINY)
+    last = fmt([(20000, 20000), (80000, 20000), (80000, 80000), (20000, 80000)])
+    output = (TINY * count + last).encode()
+    assert len(output) <= MAX_OUTPUT_BYTES
+    tracemalloc.start()
+    try:
+        verdict = judge_output(inp, output)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert verdict.valid and verdict.details["polygons"] == count + 1
+    assert verdict.score == judge_output(inp, last).score > 1
+    assert peak < 12 * len(output), peak
+    # a bad coordinate deep inside is found and named
+    bad = (TINY * 1000 + "4\n0 0\n1 0\n1 100001\n0 1\n" + TINY).encode()
+    assert judge_output(inp, bad).reason == "polygon 1001, vertex 2: y = 100001 lies outside [0, 100000]"
+
+
+def test_an_output_over_the_cap_is_refused_before_it_is_read() -> None:
+    inp = points_input([(12, 12)], [(100, 100)])
+    verdict = judge_output(inp, b" " * (MAX_OUTPUT_BYTES + 1))
+    assert not verdict.valid and verdict.reason.startswith("output too large")

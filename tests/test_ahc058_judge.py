@@ -11,6 +11,7 @@ import pytest
 
 from evaluators.algorithms.ahc058 import Input, judge, log_score, parse_input, simulate
 from evaluators.algorithms.cases import public_inputs
+from evaluators.algorithms.judging import MAX_OUTPUT_BYTES
 
 # N L T K, A, then L rows of C: a small game whose apples are easy to follow by hand.
 SMALL = "2 2 3 1\n1 2\n1 5\n10 20\n"
@@ -69,7 +70,6 @@ def test_level_one_machines_add_machines_one_level_down() -> None:
     "output, reason",
     [
         (plan("-1", "-1"), "only 2 actions; the output must hold exactly T = 3 actions"),
-        (plan("-1", "-1", "-1", "-1"), "line 4: one action more than T = 3"),
         (plan("-1", "2 0", "-1"), "line 2: level 2 does not exist (levels are 0..1)"),
         (plan("-1", "-1 0", "-1"), "line 2: level -1 does not exist"),
         (plan("0 2", "-1", "-1"), "line 1: ID 2 does not exist (IDs are 0..1)"),
@@ -79,7 +79,7 @@ def test_level_one_machines_add_machines_one_level_down() -> None:
         (plan("-1", "1 0", "-1"), "turn 1: strengthening machine 0^1 (level 1, ID 0) to power 1 costs 10 apples, but only 1 are held"),
         (b"0 0\n-1\n-1\xff\n", "not UTF-8"),
     ],
-    ids=["fewer", "more", "level", "negative-level", "id", "one-number", "three-numbers", "word", "no-apples", "not-utf8"],
+    ids=["fewer", "level", "negative-level", "id", "one-number", "three-numbers", "word", "no-apples", "not-utf8"],
 )
 def test_every_rule_broken_once_names_the_rule(output: str | bytes, reason: str) -> None:
     verdict = judge(SMALL, output)
@@ -146,3 +146,34 @@ def test_log_score_rounds_exactly() -> None:
 def test_bad_inputs_are_refused_with_the_problem_named() -> None:
     with pytest.raises(ValueError, match="not an AHC058 input"):
         judge("5000\n1 2\n3 4\n", "-1\n")
+
+
+# -- issue 21: as the official tester judges, in bounded time and memory --------------------------------
+
+
+def test_what_follows_the_t_th_action_is_ignored_as_the_official_tester_ignores_it() -> None:
+    """The statement makes fewer than T actions a wrong answer, not more: the official tester
+    scores the first T and ignores the rest, whatever it is."""
+    honest = judge(SMALL, plan("0 0", "-1", "-1"))
+    for trailing in ("-1", "0 0\n0 0\n0 0", "garbage that is not an action", "9" * 5000, "5 5"):
+        verdict = judge(SMALL, plan("0 0", "-1", "-1", trailing))
+        assert verdict.valid and verdict.score == honest.score == 158496, verdict.reason
+
+
+def test_a_5000_digit_number_gets_a_verdict() -> None:
+    for line in ("7" * 5000, "0 " + "7" * 5000, "-" + "7" * 5000):
+        verdict = judge(SMALL, plan(line, "-1", "-1"))
+        assert not verdict.valid and "number out of range" in verdict.reason, verdict.reason
+    assert judge(SMALL, plan("0" * 5000 + " 0", "-1", "-1")).valid  # leading zeros: the number 0
+
+
+def test_huge_outputs_are_judged_within_the_first_t_actions() -> None:
+    """Megabytes of comments or of one line are read in C, not one Python step per line or token."""
+    blank_and_comments = "\n" * 4_000_000 + "# " + "x" * 8_000_000 + "\n"
+    verdict = judge(SMALL, blank_and_comments + plan("0 0", "-1", "-1"))
+    assert verdict.valid and verdict.score == 158496
+    one_long_line = "0 " * 10_000_000
+    verdict = judge(SMALL, one_long_line)
+    assert not verdict.valid and verdict.reason.startswith("line 1: expected `i j`")
+    too_large = judge(SMALL, b"-1\n" * (MAX_OUTPUT_BYTES // 3 + 1))
+    assert not too_large.valid and too_large.reason.startswith("output too large")

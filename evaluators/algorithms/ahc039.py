@@ -10,6 +10,23 @@ collinear vertices are fine but a turn back along the same line is not), either 
 Case score: max(0, a - b + 1), a and b the mackerels and sardines inside, the boundary counting
 as inside.
 
+Where the statement is silent, the official tool (the contest's Rust `tools`, `parse_output` and
+`compute_score`) is the rule, and this judge follows it:
+- tokens: split on Unicode whitespace, each parsed as `parse::<i64>()` ("+5", "007", "-0" are
+  numbers; a number outside the 64-bit range is a parse error: a wrong answer, judging.py); line
+  breaks, blank lines and extra whitespace mean nothing; every token must be read, so anything after
+  the last polygon that is not a polygon is a wrong answer;
+- an empty output (no polygon at all) scores 1: the tool scores the empty net, nothing inside;
+- earlier polygons are only read (count in [4, 1000], coordinates in [0, 1e5]), never checked for
+  shape; the last is checked and scored (validity is the tool's: its checks, consecutive vertices
+  equal, a slanted edge, a turn back, non-neighbouring edges meeting, length over 4e5, reject exactly
+  the polygons the rules above reject; only the wording of the reason differs);
+- not UTF-8: a wrong answer (the tool reads the output as a String).
+Bounds (not the tool's, which has none): at most judging.MAX_OUTPUT_BYTES of output (the sandbox's
+cap on a case's output) is read; reading is linear in the output's size with NumPy (32 MiB of tiny
+polygons: about 10 bytes of memory a byte of output), and only the last polygon is kept, so the
+quadratic checks below see at most 1,000 vertices.
+
 Everything is exact integer arithmetic on NumPy int64 arrays (coordinates are at most 1e5).
 Counting 10,000 points against a 1,000-vertex polygon is O((n + m) log(n + m) + m^2 / 8) bytes of
 work: boundary points by binary search on sorted point keys, interior points by a parity table over
@@ -23,7 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from evaluators.algorithms.contest import AtCoderProblem
-from evaluators.algorithms.judging import Judgement, decode_output, integer_prefix, shorten, tokens_of
+from evaluators.algorithms.judging import OUT_OF_RANGE, Judgement, decode_output, output_too_large, read_integers, shorten
 
 COORD_MAX = 100_000
 MIN_VERTICES, MAX_VERTICES = 4, 1000
@@ -52,41 +69,58 @@ def parse_input(text: str) -> Input:
     return Input(n=values[0], x=pts[:, 0].copy(), y=pts[:, 1].copy())
 
 
-def read_polygons(text: str) -> tuple[list[np.ndarray], str]:
-    """Every polygon of the output as an (m, 2) int64 array, or ([], the first reading error)."""
-    tokens = tokens_of(text)
-    values, bad = integer_prefix(tokens)
-    polygons: list[np.ndarray] = []
-    i = 0
+def read_polygons(text: str) -> tuple[list[np.ndarray], int, str]:
+    """The last polygon of the output (as a list of one (m, 2) int64 array; [] for an empty output),
+    how many polygons were read, or ([], 0, the first reading error).
+
+    The earlier polygons are only checked as the official tool reads them (a count in [4, 1000],
+    then 2m coordinates in [0, 1e5]) and not kept: reading is linear in the output's size, and what
+    is kept is bounded by the statement's largest polygon."""
+    ints = read_integers(text)
+    values, n = ints.values, ints.count
+    polygons, last, i = 0, None, 0
 
     def not_read(index: int, what: str) -> str:
-        if index < len(values):
-            return ""
-        if bad is not None and index == bad:
-            return f"{what} (token {index + 1}) is {shorten(tokens[bad])}, not an integer"
-        return f"the output ends where {what} should be (after {len(tokens)} tokens)"
+        if ints.bad is not None and index == ints.bad:
+            why = "a number out of the 64-bit range" if ints.bad_reason == OUT_OF_RANGE else "not an integer"
+            return f"{what} (token {index + 1}) is {shorten(ints.bad_token)}, {why}"
+        return f"the output ends where {what} should be (after {n} tokens)"
 
-    while i < len(tokens):
-        k = len(polygons) + 1
-        err = not_read(i, f"the vertex count of polygon {k}")
-        if err:
-            return [], err
-        m = values[i]
+    # Walk the vertex counts (one step a polygon), then check every coordinate read at once.
+    heads: list[int] = []
+    stop_err = ""
+    while i < n:
+        if i >= len(values):
+            stop_err = not_read(i, f"the vertex count of polygon {len(heads) + 1}")
+            break
+        m = int(values[i])
         if not MIN_VERTICES <= m <= MAX_VERTICES:
-            return [], f"polygon {k} has m = {m} vertices; m must lie in [{MIN_VERTICES}, {MAX_VERTICES}]"
-        end = i + 1 + 2 * m
-        coords = values[i + 1 : end]
-        if coords and (min(coords) < 0 or max(coords) > COORD_MAX):
-            j = next(j for j, c in enumerate(coords) if not 0 <= c <= COORD_MAX)
-            return [], f"polygon {k}, vertex {j // 2}: {'xy'[j % 2]} = {coords[j]} lies outside [0, {COORD_MAX}]"
-        if end > len(values):  # the first coordinate that is missing or not an integer
-            j = len(coords)
-            return [], not_read(len(values), f"{'xy'[j % 2]} of vertex {j // 2} of polygon {k}")
-        polygons.append(np.asarray(coords, dtype=np.int64).reshape(m, 2))
-        i = end
-    if not polygons:
-        return [], "the output holds no polygon"
-    return polygons, ""
+            stop_err = f"polygon {len(heads) + 1} has m = {m} vertices; m must lie in [{MIN_VERTICES}, {MAX_VERTICES}]"
+            break
+        heads.append(i)
+        i += 1 + 2 * m
+        if i > len(values):  # this polygon's coordinates run past the integers read: reported below
+            break
+    read_to = min(i, len(values))  # the coordinates read before the walk stopped
+    is_coord = np.ones(read_to, dtype=bool)
+    is_coord[heads] = False
+    outside = np.flatnonzero(is_coord & ((values[:read_to] < 0) | (values[:read_to] > COORD_MAX)))
+    if len(outside):
+        at = int(outside[0])
+        k = int(np.searchsorted(heads, at, side="right"))
+        j = at - heads[k - 1] - 1
+        return [], 0, f"polygon {k}, vertex {j // 2}: {'xy'[j % 2]} = {values[at]} lies outside [0, {COORD_MAX}]"
+    if stop_err:
+        return [], 0, stop_err
+    if i > len(values):  # the last polygon's first coordinate that is missing or not an integer
+        j = len(values) - heads[-1] - 1
+        return [], 0, not_read(len(values), f"{'xy'[j % 2]} of vertex {j // 2} of polygon {len(heads)}")
+    polygons = len(heads)
+    if heads:
+        last = (heads[-1] + 1, i)
+    if last is None:
+        return [], 0, ""
+    return [values[last[0] : last[1]].reshape(-1, 2).copy()], polygons, ""
 
 
 def polygon_error(poly: np.ndarray) -> str:
@@ -213,23 +247,28 @@ def _odd_crossings(ex: np.ndarray, lo: np.ndarray, hi: np.ndarray, px: np.ndarra
 
 def judge_output(inp: Input, output: bytes | str) -> Judgement:
     """The contest's verdict on one output: WA with the first broken rule, or the case score."""
+    too_large = output_too_large(output)
+    if too_large:
+        return Judgement.wrong(too_large)
     text = decode_output(output)
     if text is None:
         return Judgement.wrong("the output is not UTF-8 text")
-    polygons, err = read_polygons(text)
+    polygons, count, err = read_polygons(text)
     if err:
         return Judgement.wrong(err)
+    if not polygons:  # the official tool scores an empty net: nothing inside, max(0, 0 - 0 + 1)
+        return Judgement(valid=True, score=1, details={"mackerels": 0, "sardines": 0, "vertices": 0, "polygons": 0})
     poly = polygons[-1]
     err = polygon_error(poly)
     if err:
-        which = f"polygon {len(polygons)} (the last, which is scored)" if len(polygons) > 1 else "the polygon"
+        which = f"polygon {count} (the last, which is scored)" if count > 1 else "the polygon"
         return Judgement.wrong(f"{which}: {err}")
     inside = inside_mask(poly, inp.x, inp.y)
     a, b = int(inside[: inp.n].sum()), int(inside[inp.n :].sum())
     return Judgement(
         valid=True,
         score=max(0, a - b + 1),
-        details={"mackerels": a, "sardines": b, "vertices": len(poly), "polygons": len(polygons)},
+        details={"mackerels": a, "sardines": b, "vertices": len(poly), "polygons": count},
     )
 
 

@@ -7,8 +7,18 @@ below 0), then level 0 produces A_j * B_0j * P_0j apples for every j, and for i 
 this order B_(i-1)j += B_ij * P_ij.
 Output: exactly T action lines, `i j` (strengthen machine j^i: level i, ID j) or `-1` (do
 nothing); lines whose first non-blank character is `#` are comments, blank lines are skipped.
-Wrong answer: fewer than T actions, more than T, a line that is neither form, a level or ID that
-does not exist, a strengthening that the apples do not cover.
+Wrong answer: fewer than T actions, a line among the first T actions that is neither form, a level
+or ID that does not exist, a strengthening that the apples do not cover.
+
+Where the statement is silent, the official tester is the rule: it reads the output line by line
+and scores the first T actions; what follows the T-th action line is ignored, whatever it is (the
+statement makes only fewer than T actions a wrong answer). Within a line, tokens are split on
+Unicode whitespace and parsed as `parse::<i64>()` ("+1", "00", "-0" are numbers; one outside the
+64-bit range is a wrong answer, "number out of range", judging.py); a line with a third token is a
+wrong answer. Blank lines are skipped like comments (not verified against the tester; the
+statement says nothing of them). Bounds: at most judging.MAX_OUTPUT_BYTES of output is read, and
+the work is T lines: blank and comment lines are skipped by a regular expression, a line's tokens
+are split at most three times.
 Case score: round(1e5 * log2 S), S the apples after T turns.
 
 Apples, B and costs are Python integers (S exceeds 64 bits on some inputs); the score's rounding
@@ -18,10 +28,20 @@ is certified with decimal arithmetic (see `log_score`).
 from __future__ import annotations
 
 import decimal
+import re
 from dataclasses import dataclass
 
 from evaluators.algorithms.contest import AtCoderProblem
-from evaluators.algorithms.judging import RUST_WHITESPACE, Judgement, decode_output, is_integer, shorten, tokens_of
+from evaluators.algorithms.judging import (
+    RUST_WHITESPACE,
+    Judgement,
+    decode_output,
+    integer,
+    output_too_large,
+    shorten,
+    tokens_of,
+    why_not_integer,
+)
 
 SCORE_FACTOR = 100_000
 
@@ -52,21 +72,34 @@ def parse_input(text: str) -> Input:
     return Input(n=n, levels=levels, turns=turns, apples=k, a=a, c=c)
 
 
+# A line that is an action: not blank and not a comment (its first non-blank character is not `#`).
+# Found by the regular expression (in C), so blank lines and comments cost no Python step each.
+_BLANK = re.escape(RUST_WHITESPACE.replace("\n", ""))
+_ACTION_LINE = re.compile(f"^[{_BLANK}]*([^{_BLANK}#\n][^\n]*)$", re.MULTILINE)
+
+
 def read_actions(text: str, inp: Input) -> tuple[list[tuple[int, int] | None], str]:
-    """The T actions ((level, id), or None for "do nothing"), or ([], the first reading error)."""
+    """The T actions ((level, id), or None for "do nothing"), or ([], the first reading error).
+
+    Only the first T action lines are read: what follows the T-th is ignored, as the official tester
+    ignores it (the statement makes only fewer than T actions a wrong answer). The work is bounded
+    by T lines, whatever the output's length."""
     actions: list[tuple[int, int] | None] = []
-    for number, line in enumerate(text.split("\n"), start=1):
-        body = line.strip(RUST_WHITESPACE)
-        if not body or body.startswith("#"):
-            continue
-        tokens = tokens_of(body)
-        where = f"line {number}"
+    number, counted = 1, 0  # the line number of position `counted`
+    for match in _ACTION_LINE.finditer(text):
         if len(actions) == inp.turns:
-            return [], f"{where}: one action more than T = {inp.turns}; the output must hold exactly T actions"
-        if not all(is_integer(t) for t in tokens):
-            bad = next(t for t in tokens if not is_integer(t))
-            return [], f"{where}: {shorten(bad)} is not an integer (expected `i j` or `-1`)"
-        values = [int(t) for t in tokens]
+            break
+        number += text.count("\n", counted, match.start())
+        counted = match.start()
+        body = match.group(1).strip(RUST_WHITESPACE)
+        where = f"line {number}"
+        tokens = tokens_of(body, most=2)  # a third token is already one too many
+        if len(tokens) > 2:
+            return [], f"{where}: expected `i j` (strengthen machine j^i) or `-1` (do nothing), got {shorten(body, 40)}"
+        values = [integer(t) for t in tokens]
+        if None in values:
+            bad = tokens[values.index(None)]
+            return [], f"{where}: {shorten(bad)} is {why_not_integer(bad)} (expected `i j` or `-1`)"
         if values == [-1]:
             actions.append(None)
             continue
@@ -130,6 +163,9 @@ def log_score(apples: int) -> int:
 
 def judge_output(inp: Input, output: bytes | str) -> Judgement:
     """The contest's verdict on one output: WA with the first broken rule, or the case score."""
+    too_large = output_too_large(output)
+    if too_large:
+        return Judgement.wrong(too_large)
     text = decode_output(output)
     if text is None:
         return Judgement.wrong("the output is not UTF-8 text")

@@ -29,7 +29,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from evaluators.algorithms.cases import public_inputs, select_cases
-from evaluators.algorithms.judging import Judgement
+from evaluators.algorithms.judging import MAX_OUTPUT_BYTES, Judgement
 from evaluators.base import ArchivedState, BaseProblem, EvalResult, ParentView, ReportSection, SeedState
 from evaluators.options import missing_file
 from evaluators.parsing import last_fenced_block, normalize_code
@@ -42,7 +42,7 @@ PROGRESS_EVERY_S = 30.0  # an INFO progress line per evaluation at most this oft
 CPP_TAGS = ("cpp", "c++", "cc", "cxx", "c")
 # docs/method.md §5b: 2 s and 1024 MB per case; §5a: an evaluation may take 530 s; 2 cases at once by default.
 PAPER_LIMITS = {"timeout_s": 530.0, "memory_mb": 1024, "cpus": 2}
-OUTPUT_CAP = 32 * 1024 * 1024  # bytes of stdout per case
+OUTPUT_CAP = MAX_OUTPUT_BYTES  # bytes of stdout per case: the sandbox stops a program there, the judges read no more
 
 
 class AtCoderProblem(BaseProblem):

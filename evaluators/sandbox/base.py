@@ -1,5 +1,7 @@
 """The contract every sandbox backend keeps: run untrusted Python (or a compiled program) under limits,
-return plain data."""
+return plain data; and the one rule that tells the infrastructure's failures from the rest
+(`infrastructure_failure`).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +10,41 @@ from pathlib import Path
 from typing import Any, Protocol
 
 DATA_ENV = "DISCOVER_DATA"  # inside a run: where the read-only data directory is, when one is given
+
+
+class InfrastructureError(RuntimeError):
+    """The machine failed, not the candidate nor its judge: no sandbox backend here, the Docker
+    engine refused or went away, a container or runner was lost. The engine retries it and a step
+    fails loudly when it persists; it is never a candidate's verdict."""
+
+
+def infrastructure_failure(err: BaseException) -> bool:
+    """Whether an exception raised while a candidate was scored is the infrastructure's (retry it)
+    rather than a fault of the problem's judging of that candidate (a verdict: reward 0).
+
+    The one rule, used by discover/evaluation.py: the infrastructure's are
+    - `InfrastructureError` (what the backends raise for themselves);
+    - the compiled-program runner's `SessionError` (evaluators/sandbox/native.py: a runner that
+      died, hung or broke its protocol; no compiler in the sandbox);
+    - the Docker SDK's errors (`docker.errors.DockerException`: the engine refused, a container
+      was lost, an image is missing);
+    - `OSError`: the operating system refused something (fork, a socket, a file, the disk); the
+      HTTP errors of the Docker SDK's transport (`requests`' RequestException, socket timeouts)
+      are OSErrors too.
+    Anything else (ValueError, MemoryError, RecursionError, IndexError, OverflowError, ...) comes
+    from judging what the candidate wrote, and is that candidate's verdict.
+    """
+    if isinstance(err, (InfrastructureError, OSError)):
+        return True
+    from evaluators.sandbox.native import SessionError
+
+    if isinstance(err, SessionError):
+        return True
+    try:
+        from docker.errors import DockerException
+    except ImportError:  # no Docker SDK: no Docker errors either
+        return False
+    return isinstance(err, DockerException)
 
 
 @dataclass(frozen=True)
