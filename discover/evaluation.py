@@ -138,7 +138,10 @@ def run_job(job: CandidateJob) -> EvalResult:
     """
     config = json.loads(job.config_json)
     problem = _problem(job.config_json)
-    sandbox = sandbox_for(problem, config["sandbox"]["backend"], config["sandbox"]["concurrency"])
+    sandbox = sandbox_for(
+        problem, config["sandbox"]["backend"], config["sandbox"]["concurrency"],
+        config["sandbox"].get("allow_unbounded_process_tree", False),
+    )
     t0 = time.time()
     verdict = judge_candidate(problem, job.candidate, ParentView(job.parent_code, job.parent_construction), sandbox, job.child_id)
     return dataclasses.replace(verdict.verdict(), seconds=time.time() - t0)
