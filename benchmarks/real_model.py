@@ -15,8 +15,8 @@ and the mean reward by step (means over seeds), wall time; and for the TTT arm t
 |sampler - learner| log-probability gap of each training step (train/logprob_gap). The picture
 (mean reward and valid fraction by step, one line per arm) goes to --plot.
 
-    .venv/bin/python benchmarks/real_model.py [--seeds 0 1 2] [--steps 3] [--groups 2]
-        [--rollouts 4] [--answer-tokens 256] [--config configs/smollm2-circles.yaml]
+    .venv/bin/python benchmarks/real_model.py [--seeds 0 1 2] [--steps 4] [--groups 1]
+        [--rollouts 4] [--answer-tokens 320] [--config configs/smollm2-circles.yaml]
         [--out runs/bench-real] [--plot docs/plots/real_model_circles.png]
 """
 
@@ -72,10 +72,10 @@ def plot(per_step: dict[str, dict[str, list[float | None]]], title: str, path: P
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--groups", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--groups", type=int, default=1)
     parser.add_argument("--rollouts", type=int, default=4, help="rollouts per group")
-    parser.add_argument("--answer-tokens", type=int, default=256)
+    parser.add_argument("--answer-tokens", type=int, default=320)
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
     parser.add_argument("--config", type=Path, default=ROOT / "configs" / "smollm2-circles.yaml")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "bench-real")
@@ -128,7 +128,7 @@ def main() -> int:
     if "ttt" in args.arms:
         gaps = [[records[("ttt", s)][t].get("train/logprob_gap") for s in args.seeds] for t in range(args.steps)]
         print("\nTTT: mean |sampler - learner| log-probability gap per completion token, by step (seeds " f"{args.seeds}):")
-        print("  " + ", ".join(f"step {t}: " + "/".join(_fmt(g, 4) for g in gs) for t, gs in enumerate(gaps)))
+        print("  " + ", ".join(f"step {t}: " + "/".join("–" if g is None else f"{g:.2e}" for g in gs) for t, gs in enumerate(gaps)))
     title = f"{base['model']['name']} on {problem}, {budget} samples per arm and seed, mean over seeds {args.seeds}"
     plot(per_step, title, args.plot)
     (args.out / "results.json").write_text(json.dumps({f"{a}/{s}": r for (a, s), r in records.items()}, indent=1))

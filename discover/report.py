@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 
 from discover.archive import State
 from discover.config import load_config
-from discover.run import load_archive, make_problem
+from discover.run import load_archive, make_problem, read_evaluations, read_rollouts
 from discover.status import step_rows
 from evaluators.markdown import markdown_table
 from storage.atomic import atomic_path, atomic_write_text
@@ -90,6 +90,28 @@ def newest_states(run_dir: Path) -> list[State]:
     if not archives:
         return []
     return sorted(load_archive(archives[-1]).states.values(), key=lambda s: s.reward, reverse=True)
+
+
+ANSWER_CHARS = 1200  # of each answer quoted in the report
+
+
+def model_answers(run_dir: Path) -> list[str]:
+    """The newest evaluated step's best and worst answers as the model wrote them (Markdown), so a
+    reader sees what the model actually produces: its text, and the verdict it got."""
+    layout = RunLayout(Path(run_dir))
+    steps = [s for s in range(load_config(layout.config).steps) if layout.evaluations(s).is_file()]
+    if not steps:
+        return []
+    step = steps[-1]
+    rollouts = read_rollouts(layout.rollouts(step))
+    verdicts = read_evaluations(layout.evaluations(step))
+    ranked = sorted(zip(rollouts, verdicts), key=lambda rv: rv[1].reward, reverse=True)
+    lines = ["## The model's answers", "", f"The best and the worst rollout of step {step}, as the model wrote them (first {ANSWER_CHARS} characters).", ""]
+    for title, (rollout, verdict) in (("Best", ranked[0]), ("Worst", ranked[-1])):
+        text = rollout.text if len(rollout.text) <= ANSWER_CHARS else rollout.text[:ANSWER_CHARS] + " [...]"
+        outcome = f"reward {verdict.reward:.6g}" if verdict.valid else f"invalid: {verdict.reason[:200]}"
+        lines += [f"**{title}** (group {rollout.group}, rollout {rollout.index}; {outcome}):", "", "````text", text, "````", ""]
+    return lines
 
 
 def problem_sections(config, run_dir: Path) -> list[str]:
@@ -169,6 +191,7 @@ def write_report(run_dir: Path, out_dir: Path | None = None) -> Path:
         "",
         markdown_table(top),
         *problem_sections(config, run_dir),
+        *model_answers(run_dir),
         *_reevaluation_section(layout),
     ]
     report = out / "report.md"
