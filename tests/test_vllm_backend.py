@@ -231,7 +231,8 @@ def test_phase_engine_drives_vllms_engine_loop():
     (group,) = sample_two_phase(phase, [[1, 2, 3]], 2, settings, 0, ChatFormat("plain"), encode, decode, {0}, forced_phrase="!")
     thinking = [p for _, _, p, _ in engine.added[:2]]
     assert all(p.n == 1 and p.logprobs == 0 and p.top_k == 0 and p.top_p == 1.0 and p.temperature == 1.0 for p in thinking)
-    assert all(p.stop_token_ids == [9] and p.stop == ["</think>"] and p.detokenize and not p.skip_special_tokens for p in thinking)
+    # a one-token marker is a stop token id: no stop string, so nothing is detokenised
+    assert all(p.stop_token_ids == [9] and not p.stop and not p.detokenize and not p.skip_special_tokens for p in thinking)
     assert all(p.output_kind == RequestOutputKind.FINAL_ONLY and p.max_tokens == 5 for p in thinking)
     assert thinking[0].seed != thinking[1].seed
     answers = [p for _, _, p, _ in engine.added[2:]]
@@ -241,3 +242,46 @@ def test_phase_engine_drives_vllms_engine_loop():
         assert c.forced and c.completion_ids == [5, 5, 5, 5, 6, 4, 9, 5, 5, 6] and c.loss_mask == [1] * 5 + [0, 0] + [1] * 3
         assert c.sampler_logprobs == [-1.0] * 5 + [0.0, 0.0] + [-1.0] * 3
     assert engine.aborted == []
+
+
+# ----------------------------------------------------------------------------- guards
+
+
+def test_in_process_engine_is_refused_with_the_fix(monkeypatch):
+    """VLLM_ENABLE_V1_MULTIPROCESSING=0 would put the engine in the trainer's process, on its device 0."""
+    from discover.preflight import PreflightError, check_model_backend
+
+    assert vllm_engine.multiprocessing_problem({}) is None
+    assert vllm_engine.multiprocessing_problem({"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}) is None
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    message = vllm_engine.multiprocessing_problem()
+    assert message is not None and "\n" not in message and "unset it" in message and "VLLM_ENABLE_V1_MULTIPROCESSING=0" in message
+    with pytest.raises(RuntimeError, match="unset it"):
+        vllm_engine.check_environment()
+    with pytest.raises(RuntimeError, match="unset it"):  # before any import of vLLM or any GPU is needed
+        vllm_engine._build(vllm_engine.EngineSpec("m", "bfloat16", (0,), 64, 0.5, 8, False))
+    with pytest.raises(PreflightError, match="wrong GPU"):
+        check_model_backend(ModelConfig(backend="vllm"))
+    check_model_backend(ModelConfig())  # the transformers backend does not care
+
+
+def test_a_one_token_marker_stops_by_token_id_without_detokenising():
+    """Qwen3's `</think>` is one token: vLLM gets its id and no stop string (which would make it
+    detokenise every token); a marker of several tokens is still matched as text."""
+    from discover.policy.engine import PhaseRequest
+    from discover.policy.resident import resolve_model_path
+    from discover.policy.two_phase import Marker
+    from discover.policy.vllm_backend import _tokenizer, stop_settings
+
+    tok = _tokenizer(resolve_model_path("tiny-qwen3"))
+    encode = lambda s: tok.encode(s, add_special_tokens=False)  # noqa: E731
+    one = Marker.of("</think>", encode)
+    assert len(one.token_ids) == 1 and one.token_ids[0] == tok.convert_tokens_to_ids("</think>")
+    settings = stop_settings(PhaseRequest([1, 2], 8, one.token_ids, one.strings))
+    assert settings == {"stop_token_ids": [one.token_ids[0]], "stop": None, "detokenize": False}
+    several = Marker.of("Final answer:", encode)
+    assert several.token_ids == () and len(encode("Final answer:")) > 1
+    assert stop_settings(PhaseRequest([1, 2], 8, several.token_ids, several.strings)) == {
+        "stop_token_ids": None, "stop": ["Final answer:"], "detokenize": True,
+    }
+    assert stop_settings(PhaseRequest([1, 2], 8)) == {"stop_token_ids": None, "stop": None, "detokenize": False}  # answer phase

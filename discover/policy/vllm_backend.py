@@ -34,7 +34,7 @@ from discover.policy.resident import resolve_model_path
 from discover.policy.trainer import LoRATrainer
 from discover.policy.two_phase import stream_two_phase
 
-__all__ = ["VLLMDecodeEngine", "VLLMSampler", "load"]
+__all__ = ["VLLMDecodeEngine", "VLLMSampler", "load", "stop_settings"]
 
 log = logging.getLogger("discover")
 
@@ -94,6 +94,23 @@ def phase_output(completion: Any, marker_ids: tuple[int, ...]) -> PhaseOutput:
     return PhaseOutput(ids, lps, stop)
 
 
+def stop_settings(request: PhaseRequest) -> dict[str, Any]:
+    """vLLM's stop fields for a phase: the marker's token id when it is one token, else its text.
+
+    A stop string makes vLLM detokenise every generated token of the request (incrementally, on
+    the engine's output path) just to look for it; a one-token marker (Qwen3's `</think>`) is
+    matched exactly and for free as a stop token id, so its string is dropped and nothing is
+    detokenised. What is lost: the marker spelled out in several other tokens (the model writing
+    "</", "think", ">") no longer stops the phase; the thinking then runs to its budget and is
+    closed by the forced text, as for any completion that never closes it. A marker of several
+    tokens (gpt-oss's `<|channel|>final<|message|>`) is still matched as text.
+    """
+    if request.stop_token_ids:
+        return {"stop_token_ids": list(request.stop_token_ids), "stop": None, "detokenize": False}
+    strings = list(request.stop_strings)
+    return {"stop_token_ids": None, "stop": strings or None, "detokenize": bool(strings)}
+
+
 def fresh_adapter(adapter_dir: Path) -> dict[str, Any]:
     """LoRARequest fields under an id and a name never used before in this process.
 
@@ -135,13 +152,11 @@ class VLLMDecodeEngine:
             max_tokens=request.max_tokens,
             logprobs=0,  # the sampled token's log-prob only
             seed=seed,
-            stop_token_ids=list(request.stop_token_ids) or None,
-            stop=list(request.stop_strings) or None,
             include_stop_str_in_output=True,
             skip_special_tokens=False,  # a marker made of special tokens (gpt-oss) must match
             spaces_between_special_tokens=False,
-            detokenize=bool(request.stop_strings),  # text is only needed to match a stop string
             output_kind=RequestOutputKind.FINAL_ONLY,
+            **stop_settings(request),
         )
         rid = f"discover-{next(_REQUEST_IDS)}"
         # an engine input of token ids (vLLM 0.20's rendered form: nothing to tokenize)

@@ -66,6 +66,34 @@ _HELD: _Held | None = None
 _LOCK = threading.RLock()
 
 
+MULTIPROCESSING_VAR = "VLLM_ENABLE_V1_MULTIPROCESSING"
+
+
+def multiprocessing_problem(environ: dict[str, str] | None = None) -> str | None:
+    """Why the environment would put vLLM's engine in this process, or None when it does not.
+
+    With VLLM_ENABLE_V1_MULTIPROCESSING=0 vLLM runs its engine core inside the calling process,
+    i.e. the trainer's: CUDA_VISIBLE_DEVICES is set for vLLM's own processes only
+    (`_child_environment`), so the engine would take this process's device 0 instead of
+    `model.generation_devices`, and its memory accounting would include the trainer's.
+    """
+    env = os.environ if environ is None else environ
+    value = env.get(MULTIPROCESSING_VAR)
+    if value is not None and value.strip().lower() in ("0", "false", "no", "off"):
+        return (
+            f"{MULTIPROCESSING_VAR}={value} would run vLLM's engine inside the trainer's process, on the wrong GPU; "
+            f"unset it (or set it to 1) before starting the run"
+        )
+    return None
+
+
+def check_environment() -> None:
+    """Refuse (one line) an environment that would misplace vLLM's engine (`multiprocessing_problem`)."""
+    problem = multiprocessing_problem()
+    if problem is not None:
+        raise RuntimeError(problem)
+
+
 def _import_vllm():
     try:
         import vllm
@@ -98,6 +126,7 @@ def _child_environment(devices: tuple[int, ...]) -> Iterator[None]:
 
 
 def _build(spec: EngineSpec) -> Any:
+    check_environment()
     vllm = _import_vllm()
     log.info(
         "starting vLLM %s for %s on GPU(s) %s (%.0f%% of their memory, context %d, LoRA rank <= %d%s)",
