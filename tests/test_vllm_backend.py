@@ -285,3 +285,43 @@ def test_a_one_token_marker_stops_by_token_id_without_detokenising():
         "stop_token_ids": None, "stop": ["Final answer:"], "detokenize": True,
     }
     assert stop_settings(PhaseRequest([1, 2], 8)) == {"stop_token_ids": None, "stop": None, "detokenize": False}  # answer phase
+
+
+# ----------------------------------------------------------------------------- one copy of the weights on the GPU
+
+
+def test_one_copy_plan_fields_and_memory_share():
+    with pytest.raises(ValueError, match="offload_while_generating only apply to backend: vllm"):
+        ModelConfig(offload_while_generating=True)
+    one = ModelConfig(backend="vllm", device="cuda:0", sleep_while_training=True, offload_while_generating=True)
+    assert placement.one_copy_on_gpu(one) and placement.generation_memory_fraction(one) == placement.ONE_COPY_GPU_FRACTION
+    half = ModelConfig(backend="vllm", device="cuda:0", sleep_while_training=True)  # the trainer's weights stay
+    assert placement.generation_memory_fraction(half) == placement.SHARED_GPU_FRACTION
+    split = ModelConfig(backend="vllm", generation_devices=[1], training_devices=[0], sleep_while_training=True, offload_while_generating=True)
+    assert placement.generation_memory_fraction(split) == placement.OWN_GPU_FRACTION
+    assert ModelConfig().lora_dtype == "float32" and not ModelConfig(backend="vllm").offload_while_generating
+
+
+def test_the_trainer_is_offloaded_before_the_engine_is_built_or_woken(monkeypatch):
+    from discover.config import SamplingConfig
+    from discover.policy import offload
+    from discover.policy.trainer import LoRATrainer
+
+    cfg = ModelConfig(name="tiny-qwen3", backend="vllm", device="cuda:0", lora_rank=4, sleep_while_training=True, offload_while_generating=True)
+    monkeypatch.setattr(placement, "generation_devices", lambda m: [0])  # no GPU here: the engine is never built
+    policy = load_policy(cfg)
+    policy._load_trainer = lambda: LoRATrainer.load(ModelConfig(name="tiny-qwen3", lora_rank=4, device="cpu"))  # on CPU here
+    trainer = policy.trainer
+    seen = []
+
+    def engine(spec):
+        seen.append((spec.memory_fraction, offload.parked_count(), trainer.lora_parameters()[0].numel()))
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(vllm_engine, "engine", engine)
+    with pytest.raises(RuntimeError, match="stop here"):
+        policy.sample(["x"], 1, SamplingConfig(context_tokens=64, thinking_budget=32), seed=0)
+    assert seen and seen[0][0] == placement.ONE_COPY_GPU_FRACTION
+    assert seen[0][1] > 0 and seen[0][2] == 0  # parked when the engine is asked for
+    trainer.sequence_logprobs([])  # anything the trainer computes brings its tensors back
+    assert offload.parked_count() == 0 and trainer.lora_parameters()[0].numel() > 0

@@ -11,7 +11,9 @@
 * Training and saving: the shared `trainer.LoRATrainer` on `model.training_devices` (or
   `model.device`), its base model resident in this process, loaded on first use
   (docs/architecture.md, "A policy backend"). With `model.sleep_while_training` the engine sleeps
-  (weights to CPU, KV cache dropped) during the step and wakes for the next generation.
+  (weights to CPU, KV cache dropped) during the step and wakes for the next generation; with
+  `model.offload_while_generating` the trainer's tensors go to CPU memory before vLLM generates
+  (`offload.py`) and come back when it trains: one copy of the weights on the GPU at a time.
 * Nothing here imports vLLM until something is generated, so initialising a run (a fresh adapter)
   and training work where vLLM is not installed.
 """
@@ -26,7 +28,7 @@ from contextlib import contextmanager
 from typing import Any, Hashable, Iterator
 
 from discover.config import ModelConfig, SamplingConfig
-from discover.policy import placement, vllm_engine
+from discover.policy import offload, placement, vllm_engine
 from discover.policy.base import Completion, Policy
 from discover.policy.chat_format import chat_format_for
 from discover.policy.engine import PhaseOutput, PhaseRequest
@@ -236,6 +238,8 @@ class VLLMSampler:
         fmt = chat_format_for(tok, sampling.think_end)
         kwargs = self.model_config.chat_template_kwargs
         rendered = [fmt.render(tok, p, thinking=sampling.think_end is not None, **kwargs) for p in prompts]
+        if self.model_config.offload_while_generating:
+            self.offload_trainer()  # before the engine is built or wakes: its memory is counted then
         held = vllm_engine.engine(self.engine_spec(sampling.context_tokens))
         lora = self.lora_request()
         if lora is not None:
@@ -246,6 +250,14 @@ class VLLMSampler:
             decode=tok.decode,
             eos_ids=eos_ids(self.path),
         )
+
+    def offload_trainer(self) -> dict[str, float]:
+        """Park the trainer's tensors (resident base model, adapters, Adam state) in CPU memory (`offload.py`)."""
+        stats = offload.park_all()
+        if stats.tensors:
+            log.info("trainer offloaded to CPU memory: %d tensors, %.2f GiB freed, %.2f GiB copied, %.2f s",
+                     stats.tensors, stats.device_bytes / 2**30, stats.copied_bytes / 2**30, stats.seconds)
+        return stats.as_dict()
 
     @contextmanager
     def while_training(self) -> Iterator[None]:
