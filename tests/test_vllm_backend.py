@@ -325,3 +325,21 @@ def test_the_trainer_is_offloaded_before_the_engine_is_built_or_woken(monkeypatc
     assert seen[0][1] > 0 and seen[0][2] == 0  # parked when the engine is asked for
     trainer.sequence_logprobs([])  # anything the trainer computes brings its tensors back
     assert offload.parked_count() == 0 and trainer.lora_parameters()[0].numel() > 0
+
+
+def test_prefix_cache_hits_are_counted_per_phase():
+    """RequestOutput.num_cached_tokens per finished request, summed per phase (the answer phase's
+    prompt is prompt + thinking, which the prefix cache should mostly serve)."""
+    from discover.policy.vllm_backend import VLLMDecodeEngine
+
+    outs = [
+        SimpleNamespace(request_id="t", finished=True, prompt_token_ids=[1] * 40, num_cached_tokens=32, outputs=[_completion([5, 99], "stop", 99)]),
+        SimpleNamespace(request_id="a", finished=True, prompt_token_ids=[1] * 100, num_cached_tokens=96, outputs=[_completion([5, 6], "length")]),
+    ]
+    fake = SimpleNamespace(has_unfinished_requests=lambda: True, step=lambda: [outs.pop(0)])
+    engine = VLLMDecodeEngine(SimpleNamespace(llm_engine=fake), None)
+    engine._pending = {"t": ((0, 0), (99,), "thinking"), "a": ((0, 1), (), "answer")}
+    assert [k for k, _ in engine.poll()] == [(0, 0)] and [k for k, _ in engine.poll()] == [(0, 1)]
+    stats = engine.prefix_cache_stats()
+    assert stats["thinking"]["hit_rate"] == 0.8 and stats["answer"]["hit_rate"] == 0.96
+    assert stats["answer"]["requests"] == 1 and stats["answer"]["prompt_tokens"] == 100

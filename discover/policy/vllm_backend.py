@@ -136,9 +136,24 @@ class VLLMDecodeEngine:
     def __init__(self, llm: Any, lora_request: Any | None):
         self.engine = llm.llm_engine
         self.lora_request = lora_request
-        self._pending: dict[str, tuple[Hashable, tuple[int, ...]]] = {}  # request id -> (key, marker ids)
+        self._pending: dict[str, tuple[Hashable, tuple[int, ...], str]] = {}  # request id -> (key, marker ids, phase)
         self._tokens = 0
         self._t0 = time.time()
+        # per phase ("thinking": stops at the marker; "answer": no stop but EOS): requests, prompt tokens,
+        # prompt tokens served from vLLM's prefix cache (RequestOutput.num_cached_tokens)
+        self.cache_counts: dict[str, list[int]] = {"thinking": [0, 0, 0], "answer": [0, 0, 0]}
+
+    def prefix_cache_stats(self) -> dict[str, dict[str, float]]:
+        """Per phase: finished requests, their prompt tokens, how many came from the prefix cache, the hit rate.
+
+        The answer phase's prompt is prompt + thinking (+ forced tokens): with the prefix cache on,
+        all but the blocks written since the thinking phase should be hits.
+        """
+        out = {}
+        for phase, (requests, prompt, cached) in self.cache_counts.items():
+            out[phase] = {"requests": float(requests), "prompt_tokens": float(prompt), "cached_tokens": float(cached),
+                          "hit_rate": cached / prompt if prompt else float("nan")}
+        return out
 
     def submit(self, key: Hashable, request: PhaseRequest, temperature: float, seed: int) -> None:
         from vllm import SamplingParams
@@ -163,7 +178,8 @@ class VLLMDecodeEngine:
         rid = f"discover-{next(_REQUEST_IDS)}"
         # an engine input of token ids (vLLM 0.20's rendered form: nothing to tokenize)
         self.engine.add_request(rid, tokens_input(list(request.prompt_ids)), params, lora_request=self.lora_request)
-        self._pending[rid] = (key, request.stop_token_ids)
+        phase = "thinking" if (request.stop_token_ids or request.stop_strings) else "answer"
+        self._pending[rid] = (key, request.stop_token_ids, phase)
 
     def poll(self) -> list[tuple[Hashable, PhaseOutput]]:
         done: list[tuple[Hashable, PhaseOutput]] = []
@@ -172,13 +188,19 @@ class VLLMDecodeEngine:
                 raise RuntimeError(f"vLLM has no work left but {len(self._pending)} requests never finished")
             for out in self.engine.step():
                 if out.finished and out.request_id in self._pending:
-                    key, markers = self._pending.pop(out.request_id)
+                    key, markers, phase = self._pending.pop(out.request_id)
                     (completion,) = out.outputs
                     done.append((key, phase_output(completion, markers)))
                     self._tokens += len(completion.token_ids)
+                    counts = self.cache_counts[phase]
+                    counts[0] += 1
+                    counts[1] += len(getattr(out, "prompt_token_ids", None) or ())
+                    counts[2] += int(getattr(out, "num_cached_tokens", None) or 0)
         if not self._pending and done:
             seconds = time.time() - self._t0
-            log.info("vLLM: %d tokens in %.1f s (%.0f tokens/s)", self._tokens, seconds, self._tokens / max(seconds, 1e-9))
+            answer = self.cache_counts["answer"]
+            log.info("vLLM: %d tokens in %.1f s (%.0f tokens/s); answer phase prefix-cache hits %d of %d prompt tokens",
+                     self._tokens, seconds, self._tokens / max(seconds, 1e-9), answer[2], answer[1])
         return done
 
     def cancel(self) -> None:
@@ -202,6 +224,7 @@ class VLLMSampler:
         self.adapter_dir = Path(adapter_dir) if adapter_dir is not None else None
         self.path = resolve_model_path(model.name)
         self._lora: Any | None = None
+        self.last_engine: VLLMDecodeEngine | None = None  # the last sample's, for its prefix-cache counts
 
     @property
     def tokenizer(self):
@@ -244,8 +267,9 @@ class VLLMSampler:
         lora = self.lora_request()
         if lora is not None:
             vllm_engine.use_adapter(held, lora.lora_int_id)
+        self.last_engine = VLLMDecodeEngine(held.llm, lora)
         return stream_two_phase(
-            VLLMDecodeEngine(held.llm, lora), rendered, n, sampling, seed, fmt,
+            self.last_engine, rendered, n, sampling, seed, fmt,
             encode=lambda s: [int(t) for t in tok.encode(s, add_special_tokens=False)],
             decode=tok.decode,
             eos_ids=eos_ids(self.path),

@@ -193,6 +193,26 @@ def sleep_if_held() -> bool:
         return True
 
 
+def kv_cache_size(held: _Held) -> dict[str, float]:
+    """The KV cache vLLM allocated: blocks, tokens (blocks x block size) and GiB (per token: 2 x layers x
+    KV heads x head dim x the dtype's bytes, from the model's configuration; NaN where unknown)."""
+    config = held.llm.llm_engine.vllm_config
+    blocks = int(getattr(config.cache_config, "num_gpu_blocks", None) or 0)
+    block_size = int(getattr(config.cache_config, "block_size", None) or 0)
+    tokens = blocks * block_size
+    per_token = float("nan")
+    try:
+        model = config.model_config
+        hf = model.hf_text_config
+        head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
+        per_token = 2.0 * hf.num_hidden_layers * hf.num_key_value_heads * head_dim * model.dtype.itemsize
+    except Exception as err:  # a configuration of another shape: the token count alone
+        log.debug("KV cache bytes per token unknown: %s", err)
+    return {"blocks": float(blocks), "block_size": float(block_size), "tokens": float(tokens),
+            "GiB": tokens * per_token / 2**30, "max_model_len": float(held.spec.max_model_len),
+            "sequences_of_max_len": tokens / held.spec.max_model_len if held.spec.max_model_len else float("nan")}
+
+
 def use_adapter(held: _Held, lora_id: int) -> None:
     """Drop every other adapter from the engine (and the prefix cache computed under them)."""
     stale = held.lora_ids - {lora_id}
