@@ -377,8 +377,11 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.perf_counter()
     if args.wheels is not None:
         install_wheels(args.wheels)
-    import torch
-
+    try:
+        import torch
+    except ImportError as err:
+        print(f"gpu-check: no CUDA device: torch cannot be imported here ({err}); nothing was run and nothing was written", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print(NO_CUDA, file=sys.stderr)
         return 2

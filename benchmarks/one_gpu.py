@@ -18,7 +18,9 @@ What it does, on GPU 0 and in this one process (as a worker runs the step's task
    *train*: vLLM sleeps (level 1, timed), the trainer's tensors come back (timed), one training step
    on the sampled completions (timed, peak memory), the adapter is saved and the next cycle serves
    it under a fresh LoRA id.
-3. Free GPU memory (torch.cuda.mem_get_info, device-wide) is recorded at each point.
+3. Free GPU memory (torch.cuda.mem_get_info, device-wide) is recorded at each point, and with the
+   trainer parked the largest share of the GPU vLLM could have been given (free / total): the
+   figure to set `model.generation_memory_fraction` (or ONE_COPY_GPU_FRACTION) from.
 
 The model is a random Qwen3-architecture one of a published shape unless `--model` is given.
 `--json PATH` writes the figures for benchmarks/gpu_check.py. Without a GPU and vLLM it says so
@@ -98,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
         policy = load_policy(cfg, adapter)
         row["park"] = policy.sampler.offload_trainer()
         row["free_GiB_parked"] = _free_gib()
+        # the largest gpu_memory_utilization vLLM could be given now (its start-up check: free >= share x total)
+        row["largest_share_free_when_parked"] = row["free_GiB_parked"] * 2**30 / torch.cuda.get_device_properties(0).total_memory
         spec = policy.sampler.engine_spec(settings.context_tokens)
         t = time.perf_counter()
         held = vllm_engine.engine(spec)  # built on the first cycle, woken on later ones
