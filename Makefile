@@ -50,11 +50,12 @@ test: setup test-images typecheck
 # and .md (benchmarks/gpu_check.py; README "GPU check"). Without a CUDA device it says "no CUDA
 # device" and exits with 2. PARTS=train-fp32,one-gpu runs some parts; WHEELS=/tmp/parts installs
 # carried wheels first; GPU_CHECK_OUT=DIR writes elsewhere; MAX_SECONDS=570 bounds all parts
-# together. No `setup`: a lent GPU machine has no uv, its Python (python3) is used there.
+# together; SHAPE=small runs the benchmarks on a small random model (a quick first pass).
+# No `setup`: a lent GPU machine has no uv, its Python (python3) is used there.
 GPU_PYTHON ?= $(if $(wildcard $(VENV)/bin/python),$(VENV)/bin/python,$(PYTHON))
 gpu-check:
 	$(GPU_PYTHON) benchmarks/gpu_check.py $(if $(PARTS),--parts $(PARTS)) $(if $(WHEELS),--wheels $(WHEELS)) \
-		$(if $(GPU_CHECK_OUT),--out $(GPU_CHECK_OUT)) $(if $(MAX_SECONDS),--max-seconds $(MAX_SECONDS))
+		$(if $(GPU_CHECK_OUT),--out $(GPU_CHECK_OUT)) $(if $(MAX_SECONDS),--max-seconds $(MAX_SECONDS)) $(if $(SHAPE),--shape $(SHAPE))
 
 lock: $(UV)
 	$(UV) lock

@@ -35,6 +35,9 @@ benchmarks/gpu_check_wheels.txt), each call runs some parts and writes to $OUT:
 
     python3 benchmarks/gpu_check.py --wheels /tmp/parts --parts train-fp32 --max-seconds 570 --out $OUT
 
+With 30 minutes of device time, a first pass on the `small` shape (`--shape small`: every part,
+minutes) before the 8B shape's training and one-GPU parts is the order that gets most figures.
+
 `--wheels DIR` joins DIR/part.*, installs the wheels into /tmp/site (once per machine) and puts
 them first on the path of every part. Copy each returned results file into benchmarks/results/
 and pass it back with `--merge benchmarks/results/gpu-....json` on the next call: the parts merge
@@ -81,17 +84,17 @@ class Part:
 
 SANDBOX_ENV = {"DISCOVER_ALLOW_UNBOUNDED_PROCESS_TREE": "1"}  # a bare lent machine: no cgroup to bound the kernels' processes
 PARTS: tuple[Part, ...] = (
-    Part("train-fp32", ("{python}", "benchmarks/training.py", "--shape", "8b", "--lora-dtype", "float32", "--offload-cycles", "2", "--json", "{json}"),
-         570, what="one training step on the 8B shape, float32 LoRA: tokens/s, MFU, peak memory; trainer offload/reload times"),
-    Part("train-bf16", ("{python}", "benchmarks/training.py", "--shape", "8b", "--lora-dtype", "bfloat16", "--json", "{json}"),
+    Part("train-fp32", ("{python}", "benchmarks/training.py", "--shape", "{shape}", "--lora-dtype", "float32", "--offload-cycles", "2", "--json", "{json}"),
+         570, what="one training step on the benchmark shape (8B unless --shape), float32 LoRA: tokens/s, MFU, peak memory; trainer offload/reload times"),
+    Part("train-bf16", ("{python}", "benchmarks/training.py", "--shape", "{shape}", "--lora-dtype", "bfloat16", "--json", "{json}"),
          570, what="the same step with bf16 LoRA parameters"),
     Part("vllm-tests", ("{python}", "-m", "pytest", "-q", "-s", "-m", "gpu", "-p", "no:cacheprovider", "tests/test_gpu_vllm.py", "--junitxml", "{junit}"),
          570, needs_vllm=True, what="vLLM with the resident trainer: log-prob gaps, adapters, sleep/wake, a two-step run"),
-    Part("generation", ("{python}", "benchmarks/generation.py", "--shape", "8b", "--json", "{json}"),
+    Part("generation", ("{python}", "benchmarks/generation.py", "--shape", "{shape}", "--json", "{json}"),
          570, needs_vllm=True, what="vLLM against the transformers backend, tokens/s; vLLM's KV cache at 0.9"),
-    Part("one-gpu", ("{python}", "benchmarks/one_gpu.py", "--shape", "8b", "--json", "{json}"),
+    Part("one-gpu", ("{python}", "benchmarks/one_gpu.py", "--shape", "{shape}", "--json", "{json}"),
          570, needs_vllm=True, what="one copy of the weights at a time: offload, sleep/wake, KV cache, prefix-cache hit rate"),
-    Part("step-time", ("{python}", "benchmarks/step_time.py", "--shape", "8b", "--steps", "2", "--groups", "2", "--rollouts-per-group", "8",
+    Part("step-time", ("{python}", "benchmarks/step_time.py", "--shape", "{shape}", "--steps", "2", "--groups", "2", "--rollouts-per-group", "8",
                        "--context-tokens", "8192", "--thinking-budget", "4096", "--json", "{json}"),
          570, needs_vllm=True, env=SANDBOX_ENV, what="two reduced steps (G = 2, K = 8, 8k context), time by task"),
     Part("trimul-tests", ("{python}", "-m", "pytest", "-q", "-s", "-m", "gpu", "-p", "no:cacheprovider", "tests/test_trimul_gpu.py", "--junitxml", "{junit}"),
@@ -182,12 +185,11 @@ def part_record(part: Part, command: str, returncode: int | None, seconds: float
     }
 
 
-def run_part(part: Part, env_record: dict[str, Any], timeout_s: float, python: str) -> dict[str, Any]:
+def run_part(part: Part, env_record: dict[str, Any], timeout_s: float, python: str, shape: str = "8b") -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix=f"gpu-check-{part.name}-") as tmp:
         json_path, junit_path = Path(tmp) / "figures.json", Path(tmp) / "junit.xml"
-        argv = [_fill(a, python, str(json_path), str(junit_path)) for a in part.argv]
-        shown = " ".join(shlex.quote(_fill(a, "python", "FIGURES.json", "JUNIT.xml")) for a in part.argv)
-        command = " ".join(f"{k}={v}" for k, v in part.env.items()) + (" " if part.env else "") + shown
+        argv = [_fill(a, python, str(json_path), str(junit_path), shape) for a in part.argv]
+        command = shown(part, shape)
         child_env = os.environ | part.env
         child_env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([child_env["PYTHONPATH"]] if child_env.get("PYTHONPATH") else []))
         print(f"\n=== {part.name} (limit {timeout_s:.0f} s): {command}", flush=True)
@@ -210,13 +212,19 @@ def run_part(part: Part, env_record: dict[str, Any], timeout_s: float, python: s
         return part_record(part, command, code, seconds, output, figures, env_record, started=started)
 
 
+def shown(part: Part, shape: str) -> str:
+    """The part's command as the results file shows it (placeholders named, extra environment first)."""
+    text = " ".join(shlex.quote(_fill(a, "python", "FIGURES.json", "JUNIT.xml", shape)) for a in part.argv)
+    return " ".join(f"{k}={v}" for k, v in part.env.items()) + (" " if part.env else "") + text
+
+
 def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def _fill(arg: str, python: str, json_path: str, junit_path: str) -> str:
+def _fill(arg: str, python: str, json_path: str, junit_path: str, shape: str) -> str:
     """A part's argument with its placeholders replaced (plain replacement: code in an argument may hold braces)."""
-    return arg.replace("{python}", python).replace("{json}", json_path).replace("{junit}", junit_path)
+    return arg.replace("{python}", python).replace("{json}", json_path).replace("{junit}", junit_path).replace("{shape}", shape)
 
 
 def _text(b: bytes | str | None) -> str:
@@ -356,6 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--merge", type=Path, nargs="*", default=[], help="earlier results files to merge into this one")
     ap.add_argument("--max-seconds", type=float, default=None, help="time for all parts together (the device allows 600 s a call)")
     ap.add_argument("--wheels", type=Path, default=None, help="a folder of prepare_wheels.sh parts to install first")
+    ap.add_argument("--shape", default="8b", help="the random Qwen3 shape of the benchmarks (8b; small for a quick first pass)")
     ap.add_argument("--list", action="store_true", help="print the parts and their commands, run nothing")
     ap.add_argument("--merge-only", action="store_true", help="merge --merge files into --out, run nothing (no GPU needed)")
     args = ap.parse_args(argv)
@@ -365,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown part(s) {unknown}; the parts are {[p.name for p in PARTS]}")
     if args.list:
         for p in PARTS:
-            print(f"{p.name:13s} {p.timeout_s:4d} s  {' '.join(p.argv)}\n{'':20s}{p.what}")
+            print(f"{p.name:13s} {p.timeout_s:4d} s  {' '.join(_fill(a, 'python', 'FIGURES.json', 'JUNIT.xml', args.shape) for a in p.argv)}\n{'':20s}{p.what}")
         return 0
     if args.merge_only:
         if not args.merge:
@@ -395,11 +404,11 @@ def main(argv: list[str] | None = None) -> int:
         left = None if args.max_seconds is None else args.max_seconds - (time.perf_counter() - t_start)
         limit = part.timeout_s if left is None else min(part.timeout_s, left)
         if part.needs_vllm and not vllm_ok:
-            record = part_record(part, " ".join(part.argv), None, 0.0, "", None, env_record, status="skipped: vLLM cannot be imported here")
+            record = part_record(part, shown(part, args.shape), None, 0.0, "", None, env_record, status="skipped: vLLM cannot be imported here")
         elif limit < 30:
-            record = part_record(part, " ".join(part.argv), None, 0.0, "", None, env_record, status="not run: time budget spent")
+            record = part_record(part, shown(part, args.shape), None, 0.0, "", None, env_record, status="not run: time budget spent")
         else:
-            record = run_part(part, env_record, limit, sys.executable)
+            record = run_part(part, env_record, limit, sys.executable, args.shape)
         doc = merge(doc, {"environment": env_record, "parts": {name: record}})
         paths = write_results(args.out, doc)
         print(f"=== {name}: {record['status']} ({record['seconds']} s); results in {paths[0]}", flush=True)
