@@ -255,6 +255,13 @@ def test_offloading_between_steps_keeps_training_identical(rollouts):
     emptied) between steps and brought back give bit-identical LoRA parameters and log-probs."""
     from discover.policy import offload
 
+    try:
+        _offload_steps(rollouts, offload)
+    finally:
+        offload.unpark_all()  # a failure here must not leave other tests' resident models parked
+
+
+def _offload_steps(rollouts, offload):
     batch = TrainBatch(rollouts, [1.0, -1.0] * 4)
     train = TrainConfig(learning_rate=1e-2, kl_coef=0.1)
     plain, parked = _policy(), _policy()

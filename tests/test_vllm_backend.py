@@ -319,10 +319,16 @@ def test_the_trainer_is_offloaded_before_the_engine_is_built_or_woken(monkeypatc
         raise RuntimeError("stop here")
 
     monkeypatch.setattr(vllm_engine, "engine", engine)
-    with pytest.raises(RuntimeError, match="stop here"):
-        policy.sample(["x"], 1, SamplingConfig(context_tokens=64, thinking_budget=32), seed=0)
+    try:
+        with pytest.raises(RuntimeError, match="stop here"):
+            policy.sample(["x"], 1, SamplingConfig(context_tokens=64, thinking_budget=32), seed=0)
+    finally:
+        parked = offload.parked_count()
+        offload.unpark_all()
+    assert parked > 0
     assert seen and seen[0][0] == placement.ONE_COPY_GPU_FRACTION
     assert seen[0][1] > 0 and seen[0][2] == 0  # parked when the engine is asked for
+    offload.park_all()
     trainer.sequence_logprobs([])  # anything the trainer computes brings its tensors back
     assert offload.parked_count() == 0 and trainer.lora_parameters()[0].numel() > 0
 
