@@ -66,7 +66,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-NO_CUDA = "gpu-check: no CUDA device (torch.cuda.is_available() is False); nothing was run and nothing was written"
 PACKAGES = ("torch", "triton", "vllm", "transformers", "peft", "tokenizers", "safetensors", "pydantic", "numpy", "pyarrow", "pytest")
 SITE = Path("/tmp/site")
 TAIL_CHARS = 4000
@@ -115,10 +114,29 @@ def _run(cmd: list[str]) -> str:
         return ""
 
 
-def environment() -> dict[str, Any]:
-    """Versions, GPU and driver, read without importing vLLM (a broken vLLM must not stop the check)."""
-    import torch
+PROBE = """
+import json, torch
+out = {"torch_cuda": torch.version.cuda, "available": torch.cuda.is_available()}
+if out["available"]:
+    p = torch.cuda.get_device_properties(0)
+    out.update(gpu=torch.cuda.get_device_name(0), gpu_count=torch.cuda.device_count(),
+               gpu_memory_GiB=p.total_memory / 2**30, capability=f"{p.major}.{p.minor}")
+print(json.dumps(out))
+"""
 
+
+def probe_cuda() -> dict[str, Any] | str:
+    """torch's view of CUDA, read in a child process (this one never holds a CUDA context that the
+    parts would find taken from the GPU); a string says why there is none."""
+    done = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        return f"torch cannot be imported or initialised here ({(done.stderr.strip().splitlines() or ['?'])[-1]})"
+    info = json.loads(done.stdout.strip().splitlines()[-1])
+    return info if info.pop("available") else "torch.cuda.is_available() is False"
+
+
+def environment(cuda: dict[str, Any]) -> dict[str, Any]:
+    """Versions, GPU and driver, read without importing vLLM (a broken vLLM must not stop the check)."""
     versions = {}
     for name in PACKAGES:
         try:
@@ -127,13 +145,9 @@ def environment() -> dict[str, Any]:
             versions[name] = None
     env: dict[str, Any] = {
         "python": platform.python_version(), "platform": platform.platform(), "host": platform.node(),
-        "versions": versions, "torch_cuda": torch.version.cuda,
+        "versions": versions,
         "commit": os.environ.get("GPU_CHECK_COMMIT") or _run(["git", "-C", str(ROOT), "rev-parse", "HEAD"]) or "unknown",
-    }
-    if torch.cuda.is_available():
-        props = torch.cuda.get_device_properties(0)
-        env |= {"gpu": torch.cuda.get_device_name(0), "gpu_count": torch.cuda.device_count(),
-                "gpu_memory_GiB": props.total_memory / 2**30, "capability": f"{props.major}.{props.minor}"}
+    } | cuda
     smi = _run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"])
     if smi:
         first = [s.strip() for s in smi.splitlines()[0].split(",")]
@@ -386,15 +400,11 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.perf_counter()
     if args.wheels is not None:
         install_wheels(args.wheels)
-    try:
-        import torch
-    except ImportError as err:
-        print(f"gpu-check: no CUDA device: torch cannot be imported here ({err}); nothing was run and nothing was written", file=sys.stderr)
+    cuda = probe_cuda()
+    if isinstance(cuda, str):
+        print(f"gpu-check: no CUDA device: {cuda}; nothing was run and nothing was written", file=sys.stderr)
         return 2
-    if not torch.cuda.is_available():
-        print(NO_CUDA, file=sys.stderr)
-        return 2
-    env_record = environment()
+    env_record = environment(cuda)
     vllm_ok = subprocess.run([sys.executable, "-c", "import vllm"], capture_output=True, env=os.environ | {"PYTHONPATH": os.pathsep.join(
         [str(ROOT)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))}).returncode == 0
     doc = merge(None, *load_docs(args.merge), {"environment": env_record, "parts": {}})
