@@ -9,7 +9,7 @@ EXTRAS := --extra dev --extra bio --extra real-model
 export UV_PROJECT_ENVIRONMENT := $(abspath $(VENV))
 export UV_LINK_MODE := copy
 
-.PHONY: setup demo test typecheck lock clean-venv images test-images
+.PHONY: setup demo test typecheck lock clean-venv images test-images gpu-check
 
 $(UV):
 	$(PYTHON) -m venv $(TOOLS)
@@ -45,6 +45,17 @@ typecheck: setup
 # The type check, then every test (tests/test_imports.py runs import-linter's floor contracts).
 test: setup test-images typecheck
 	$(VENV)/bin/python -m pytest -q --durations=30
+
+# Every GPU test and benchmark in one go, one results file: benchmarks/results/gpu-<date>-<gpu>.json
+# and .md (benchmarks/gpu_check.py; README "GPU check"). Without a CUDA device it says "no CUDA
+# device" and exits with 2. PARTS=train-fp32,one-gpu runs some parts; WHEELS=/tmp/parts installs
+# carried wheels first; GPU_CHECK_OUT=DIR writes elsewhere; MAX_SECONDS=570 bounds all parts
+# together; SHAPE=small runs the benchmarks on a small random model (a quick first pass).
+# No `setup`: a lent GPU machine has no uv, its Python (python3) is used there.
+GPU_PYTHON ?= $(if $(wildcard $(VENV)/bin/python),$(VENV)/bin/python,$(PYTHON))
+gpu-check:
+	$(GPU_PYTHON) benchmarks/gpu_check.py $(if $(PARTS),--parts $(PARTS)) $(if $(WHEELS),--wheels $(WHEELS)) \
+		$(if $(GPU_CHECK_OUT),--out $(GPU_CHECK_OUT)) $(if $(MAX_SECONDS),--max-seconds $(MAX_SECONDS)) $(if $(SHAPE),--shape $(SHAPE))
 
 lock: $(UV)
 	$(UV) lock

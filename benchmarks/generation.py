@@ -1,7 +1,7 @@
 """Generation throughput: the vLLM backend against the transformers backend (issue 14, Must show 3a).
 
     python benchmarks/generation.py [--shape 8b] [--model DIR] [--prompts 8] [--per-prompt 8]
-                                    [--prompt-tokens 2048] [--new-tokens 1024]
+                                    [--prompt-tokens 2048] [--new-tokens 1024] [--json PATH]
 
 Both backends sample the same prompts (`--prompts` contexts of about `--prompt-tokens` tokens,
 `--per-prompt` completions each, as a step samples K per group) with the same budget
@@ -10,7 +10,8 @@ GPU, one after the other (the transformers model is freed before vLLM starts, an
 the GPU). The model is a random Qwen3-architecture one of a published shape unless `--model` is
 given; a random model rarely emits EOS, so nearly every completion runs the whole budget.
 Printed: generated tokens, seconds, tokens/s and the ratio vLLM / transformers (target >= 10).
-Without a GPU it says so and measures nothing.
+`--json PATH` writes the figures for benchmarks/gpu_check.py. Without a GPU it says so and
+measures nothing.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import gc
 import sys
 import time
 
-from gpu_common import NEEDS_GPU, gpu_name, has_cuda, has_vllm, random_model, table
+from gpu_common import NEEDS_GPU, gpu_name, has_cuda, has_vllm, random_model, table, write_figures
 
 from discover.config import ModelConfig, SamplingConfig
 
@@ -49,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--per-prompt", type=int, default=8)
     ap.add_argument("--prompt-tokens", type=int, default=2048)
     ap.add_argument("--new-tokens", type=int, default=1024)
+    ap.add_argument("--json", default=None, help="write the figures here (JSON)")
     args = ap.parse_args(argv)
     if not (has_cuda() and has_vllm()):
         print(f"generation benchmark: {NEEDS_GPU}")
@@ -72,7 +74,15 @@ def main(argv: list[str] | None = None) -> int:
 
     vl = load_policy(ModelConfig(backend="vllm", generation_memory_fraction=0.9, **common))
     vl_tokens, vl_s = _measure(vl, prompts, args.per_prompt, settings)
+    kv = vllm_engine.kv_cache_size(vllm_engine._HELD) if vllm_engine._HELD is not None else {}
     vllm_engine.shutdown()
+    write_figures(args.json, {
+        "gpu": gpu_name(), "model": path.name, "prompts": args.prompts, "per_prompt": args.per_prompt,
+        "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens,
+        "transformers": {"tokens": hf_tokens, "seconds": hf_s, "tokens_per_s": hf_tokens / hf_s},
+        "vllm": {"tokens": vl_tokens, "seconds": vl_s, "tokens_per_s": vl_tokens / vl_s, "memory_fraction": 0.9, "kv_cache": kv},
+        "ratio": (vl_tokens / vl_s) / (hf_tokens / hf_s),
+    })
 
     rows = [
         ["transformers", hf_tokens, f"{hf_s:.1f}", f"{hf_tokens / hf_s:.0f}", "1.0"],

@@ -5,12 +5,15 @@
   `$DISCOVER_CACHE/models` (the 8B shape is 16 GB on disk; weights are never committed).
 * `peak_bf16_tflops()`: the GPU's dense bf16 peak from its data sheet, for model FLOPs utilisation.
 * `table()`: a plain text table.
+* `write_figures()`: the figures of a run as JSON, for benchmarks/gpu_check.py to collect (`--json`).
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -77,3 +80,10 @@ def table(headers: list[str], rows: list[list[object]]) -> str:
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
     line = lambda r: "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))  # noqa: E731
     return "\n".join([line(cells[0]), "  ".join("-" * w for w in widths)] + [line(r) for r in cells[1:]])
+
+
+def write_figures(path: str | None, figures: dict[str, Any]) -> None:
+    """Write `figures` (JSON-serialisable, NaN allowed) to `path` when one was given."""
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(figures, indent=2, default=str) + "\n")

@@ -2,7 +2,7 @@
 
     python benchmarks/step_time.py [--shape 8b] [--model DIR] [--problem erdos] [--steps 2]
                                    [--groups 8] [--rollouts-per-group 64]
-                                   [--context-tokens 32768] [--thinking-budget 26000]
+                                   [--context-tokens 32768] [--thinking-budget 26000] [--json PATH]
 
 Runs the five tasks of `discover/steps.py` in this process (as one worker runs them: the vLLM
 engine and the trainer's base model stay resident between tasks and steps), with the vLLM backend
@@ -11,6 +11,7 @@ includes starting vLLM; later steps show the steady state. A random model rarely
 thinking or emits EOS, so nearly every rollout runs to the thinking budget and is forced: the
 heaviest case for generation and training. Without a GPU a labelled CPU variant runs the same
 tasks on the toy problem with the tiny GPT-2 (transformers backend) to check the script.
+`--json PATH` writes the seconds per task and step for benchmarks/gpu_check.py.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpu_common import NEEDS_GPU, gpu_name, has_cuda, has_vllm, random_model, table
+from gpu_common import NEEDS_GPU, gpu_name, has_cuda, has_vllm, random_model, table, write_figures
 
 from discover import steps
 from discover.config import parse_config
@@ -39,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rollouts-per-group", type=int, default=64)
     ap.add_argument("--context-tokens", type=int, default=32768)
     ap.add_argument("--thinking-budget", type=int, default=26000)
+    ap.add_argument("--json", default=None, help="write the figures here (JSON)")
     args = ap.parse_args(argv)
     gpu = has_cuda() and has_vllm()
     run_dir = Path(tempfile.mkdtemp(prefix="step-time-"))
@@ -64,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     steps.initialise(run_dir)
     init = time.perf_counter() - t0
     rows = []
+    per_step = []
     for step in range(args.steps):
         times = []
         for task in TASKS:
@@ -72,9 +75,13 @@ def main(argv: list[str] | None = None) -> int:
             times.append(time.perf_counter() - t)
             print(f"step {step} {task}: {times[-1]:.1f} s", flush=True)
         total = sum(times)
+        per_step.append({"step": step, **{t: s for t, s in zip(TASKS, times)}, "total": total})
         rows.append([f"step {step}"] + [f"{s:.1f} ({100 * s / total:.0f}%)" for s in times] + [f"{total:.1f}"])
     print(f"\n{label}; G = {args.groups}, K = {args.rollouts_per_group}; initialisation {init:.1f} s; run directory {run_dir}")
     print(table(["", *TASKS, "total s"], rows))
+    write_figures(args.json, {"label": label, "gpu": gpu_name(), "groups": args.groups, "rollouts_per_group": args.rollouts_per_group,
+                              "context_tokens": args.context_tokens, "thinking_budget": args.thinking_budget,
+                              "initialisation_s": init, "steps": per_step})
     return 0
 
 

@@ -3,6 +3,7 @@
     python benchmarks/training.py [--shape 8b] [--model DIR] [--rank 32] [--rollouts 16]
                                   [--prompt-tokens 3000] [--min-completion 4000] [--max-completion 28000]
                                   [--micro-batch-tokens 32768] [--peak-tflops X]
+                                  [--lora-dtype float32|bfloat16] [--offload-cycles N] [--json PATH]
 
 The step is the real one (`trainer.LoRATrainer.train_step`: bf16 weights, float32 LoRA on every
 linear layer at rank `--rank`, gradient checkpointing, token-budget micro-batches, the base
@@ -18,6 +19,11 @@ weights of the decoder's linear layers, N_lora = the adapter's weights, d = head
 Not counted: the forward recomputed by gradient checkpointing, padding, the optimizer. The
 usual "6 N D" figure would credit weight gradients that LoRA never computes; it is printed for
 reference only. MFU = counted FLOPs / (seconds x the GPU's dense bf16 peak).
+`--lora-dtype bfloat16` trains bf16 LoRA parameters (model.lora_dtype) instead of float32.
+`--offload-cycles N` then parks the trainer's tensors in CPU memory and brings them back N times
+(discover/policy/offload.py, model.offload_while_generating), timing each way: the first park
+copies the base weights, later ones only the adapter and Adam's state. `--json PATH` writes the
+figures for benchmarks/gpu_check.py.
 Without a GPU: a tiny CPU variant checks the script (its figures say nothing about the target).
 """
 
@@ -28,7 +34,7 @@ import random
 import sys
 import time
 
-from gpu_common import NEEDS_GPU, gpu_name, has_cuda, peak_bf16_tflops, random_model, table
+from gpu_common import NEEDS_GPU, gpu_name, has_cuda, peak_bf16_tflops, random_model, table, write_figures
 
 from discover.config import ModelConfig, TrainConfig
 from discover.policy.base import Completion, TrainBatch
@@ -73,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-completion", type=int, default=28000)
     ap.add_argument("--micro-batch-tokens", type=int, default=32768)
     ap.add_argument("--peak-tflops", type=float, default=None, help="the GPU's dense bf16 peak, if not in the table")
+    ap.add_argument("--lora-dtype", default="float32", choices=("float32", "bfloat16"), help="model.lora_dtype")
+    ap.add_argument("--offload-cycles", type=int, default=0, help="park/unpark the trainer this many times after the step, timed")
+    ap.add_argument("--json", default=None, help="write the figures here (JSON)")
     args = ap.parse_args(argv)
     import torch
 
@@ -87,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     model_cfg = ModelConfig(
         name=str(path), dtype="float32" if cpu else "bfloat16", device="cpu" if cpu else "cuda:0",
         lora_rank=args.rank, micro_batch_tokens=args.micro_batch_tokens, gradient_checkpointing=True,
+        lora_dtype=args.lora_dtype,
     )
     policy = LoRATrainer.load(model_cfg, seed=0)
     cfg = policy.model.get_base_model().config
@@ -109,10 +119,33 @@ def main(argv: list[str] | None = None) -> int:
     peak = None if cpu else peak_bf16_tflops(args.peak_tflops)
     mfu = f"{100 * flops / seconds / (peak * 1e12):.1f}%" if peak else "n/a"
     mfu6 = f"{100 * six_nd / seconds / (peak * 1e12):.1f}%" if peak else "n/a"
+    peak_gib = torch.cuda.max_memory_allocated() / 2**30 if not cpu else 0.0
+    offload_rows = []
+    if args.offload_cycles:
+        from discover.policy import offload
+
+        for i in range(args.offload_cycles):
+            out = offload.park_all()
+            free = torch.cuda.mem_get_info()[0] / 2**30 if not cpu else None  # what vLLM could have meanwhile
+            held = torch.cuda.memory_allocated() / 2**30 if not cpu else None
+            back = offload.unpark_all()
+            offload_rows.append({"cycle": i, "park": out.as_dict(), "unpark": back.as_dict(),
+                                 "free_GiB_while_parked": free, "allocated_GiB_while_parked": held})
+        print(table(["cycle", "park s", "park copied GiB", "freed GiB", "unpark s", "unpark GiB"],
+                    [[r["cycle"], f"{r['park']['seconds']:.2f}", f"{r['park']['copied_GiB']:.2f}", f"{r['park']['device_GiB']:.2f}",
+                      f"{r['unpark']['seconds']:.2f}", f"{r['unpark']['device_GiB']:.2f}"] for r in offload_rows]))
+    write_figures(args.json, {
+        "cpu_variant": cpu, "gpu": gpu_name(), "shape": args.shape, "lora_dtype": args.lora_dtype, "rank": args.rank,
+        "rollouts": len(comps), "tokens": tokens, "padded_tokens": stats["padded_tokens"], "micro_batches": stats["micro_batches"],
+        "micro_batch_tokens": args.micro_batch_tokens, "lora_params_M": lora / 1e6, "seconds": seconds,
+        "tokens_per_s": tokens / seconds, "counted_TFLOP": flops / 1e12, "peak_TFLOPs": peak,
+        "MFU": flops / seconds / (peak * 1e12) if peak else None, "MFU_6ND_ref": six_nd / seconds / (peak * 1e12) if peak else None,
+        "peak_memory_GiB": peak_gib, "offload": offload_rows,
+    })
     label = "CPU smoke (tiny shape)" if cpu else f"{gpu_name()}, shape {args.shape}"
     print(f"\n{label}: {len(comps)} rollouts, {tokens} tokens ({stats['padded_tokens']:.0f} with padding), "
           f"{stats['micro_batches']:.0f} micro-batches of <= {args.micro_batch_tokens} tokens, LoRA rank {args.rank} "
-          f"({lora / 1e6:.1f}M params), peak memory {torch.cuda.max_memory_allocated() / 2**30 if not cpu else 0:.1f} GiB")
+          f"({lora / 1e6:.1f}M params, {args.lora_dtype}), peak memory {peak_gib:.1f} GiB")
     print(table(
         ["step", "seconds", "tokens/s", "counted TFLOP", "MFU", "6ND TFLOP (ref.)", "MFU 6ND (ref.)", "GPU peak"],
         [["train", f"{seconds:.1f}", f"{tokens / seconds:.0f}", f"{flops / 1e12:.0f}", mfu, f"{six_nd / 1e12:.0f}", mfu6,

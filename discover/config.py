@@ -82,6 +82,8 @@ class ModelConfig(_Section):
     training_devices: list[int] | None = Field(None, description="CUDA devices of the trainer (several: layers split across them); null: model.device")
     generation_memory_fraction: float | None = Field(None, gt=0, le=1, description="vllm: share of each generation GPU for vLLM; null: 0.45 if it shares a GPU with the trainer, else 0.9")
     sleep_while_training: bool = Field(False, description="vllm: free vLLM's GPU memory while training (off until shown identical on your GPU)")
+    offload_while_generating: bool = Field(False, description="vllm: the trainer's weights, adapter and Adam state go to CPU memory while vLLM generates and come back for training (with sleep_while_training: one copy of the weights on the GPU at a time)")
+    lora_dtype: Literal["float32", "bfloat16"] = Field("float32", description="dtype of the LoRA parameters and Adam's state; bfloat16 halves them (float32: the paper's setting)")
 
     @field_validator("generation_devices", "training_devices")
     @classmethod
@@ -96,7 +98,7 @@ class ModelConfig(_Section):
             raise ValueError("the vllm backend generates on CUDA GPUs; set model.device to 'auto' or 'cuda:N', or use backend: transformers")
         if self.backend == "transformers":
             vllm_only = [f for f in ("generation_devices", "generation_memory_fraction") if getattr(self, f) is not None]
-            vllm_only += ["sleep_while_training"] if self.sleep_while_training else []
+            vllm_only += [f for f in ("sleep_while_training", "offload_while_generating") if getattr(self, f)]
             if vllm_only:
                 raise ValueError(f"{', '.join('model.' + f for f in vllm_only)} only apply to backend: vllm (the transformers backend generates where it trains)")
         return self

@@ -46,6 +46,12 @@ def check_model_backend(model: ModelConfig) -> None:
         return
     import importlib.util
 
+    from discover.policy.vllm_engine import multiprocessing_problem
+
+    problem = multiprocessing_problem()
+    if problem is not None:
+        raise PreflightError(problem)
+
     if importlib.util.find_spec("vllm") is None:
         raise PreflightError(
             "model.backend 'vllm' needs the gpu extra (`uv sync --extra gpu`, Linux x86_64 with CUDA); "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import shutil
 
 import pytest
@@ -225,3 +226,66 @@ def test_second_step_in_the_same_process_does_not_load_weights_again(tmp_path, m
         params.append(policy.trainer.model.get_base_model().get_input_embeddings().weight)
     assert loads == [str(model_dir)]  # one load of the weights for three steps
     assert params[0] is params[1] is params[2]  # the very same resident tensors
+
+
+def test_bfloat16_lora_option_trains_bfloat16_adapter(rollouts, tmp_path):
+    """model.lora_dtype: bfloat16 gives bf16 adapter parameters (and Adam state) that train and reload."""
+    from discover.policy.trainer import LoRATrainer
+
+    policy = _policy(lora_dtype="bfloat16")
+    params = policy.trainer.lora_parameters()
+    assert params and all(p.dtype == torch.bfloat16 for p in params)
+    before = [p.detach().clone() for p in params]
+    stats = policy.train_step(TrainBatch(rollouts, [1.0, -1.0] * 4), TrainConfig(learning_rate=1e-2, kl_coef=0.1))
+    assert stats["tokens"] > 0 and stats["grad_norm"] > 0 and math.isfinite(stats["loss"])
+    after = policy.trainer.lora_parameters()
+    assert all(p.dtype == torch.bfloat16 for p in after)
+    assert any(not torch.equal(a, b) for a, b in zip(before, after))
+    state = policy.trainer._optimizer.state[after[0]]
+    assert state["exp_avg"].dtype == torch.bfloat16
+    policy.save(tmp_path / "adapter")
+    reloaded = LoRATrainer.load(ModelConfig(name="tiny-qwen3", lora_rank=4, device="cpu", lora_dtype="bfloat16"), tmp_path / "adapter")
+    assert all(p.dtype == torch.bfloat16 for p in reloaded.lora_parameters())
+    assert all(torch.equal(a, b) for a, b in zip(after, reloaded.lora_parameters()))
+    assert all(p.dtype == torch.float32 for p in _policy().trainer.lora_parameters())  # the default is unchanged
+
+
+def test_offloading_between_steps_keeps_training_identical(rollouts):
+    """model.offload_while_generating: the trainer's tensors parked in CPU memory (their storage
+    emptied) between steps and brought back give bit-identical LoRA parameters and log-probs."""
+    from discover.policy import offload
+
+    try:
+        _offload_steps(rollouts, offload)
+    finally:
+        offload.unpark_all()  # a failure here must not leave other tests' resident models parked
+
+
+def _offload_steps(rollouts, offload):
+    batch = TrainBatch(rollouts, [1.0, -1.0] * 4)
+    train = TrainConfig(learning_rate=1e-2, kl_coef=0.1)
+    plain, parked = _policy(), _policy()
+    for step in range(3):
+        plain.train_step(batch, train)
+        parked.train_step(batch, train)
+        trainer = parked.trainer
+        n = sum(1 for _ in trainer.parkable_tensors())
+        first = offload.park_all()
+        assert first.tensors >= n and offload.parked_count() == first.tensors
+        assert all(t.numel() == 0 for t, _ in trainer.parkable_tensors())  # nothing left where it was
+        base = trainer.model.get_base_model().get_input_embeddings().weight
+        assert base.numel() == 0 and any(t is base for t, _ in offload._all_tensors())  # the shared resident base too
+        with pytest.raises(RuntimeError):
+            trainer.model(input_ids=torch.tensor([[1, 2, 3]]))  # parked weights cannot be computed with
+        assert offload.park_all().tensors == 0  # already parked: nothing more
+        back = offload.unpark_all()
+        assert back.tensors == first.tensors and offload.parked_count() == 0
+        if step:  # the frozen base weights were copied once: parking again copies only the adapter and Adam
+            assert 0 < first.copied_bytes < sum(t.numel() * t.element_size() for t, _ in trainer.parkable_tensors())
+    for a, b in zip(plain.trainer.lora_parameters(), parked.trainer.lora_parameters(), strict=True):
+        assert torch.equal(a, b)
+    lp_plain = plain.trainer.sequence_logprobs(rollouts)
+    offload.park_all()
+    lp_parked = parked.trainer.sequence_logprobs(rollouts)  # brings everything back first
+    assert offload.parked_count() == 0
+    assert all(torch.equal(a, b) for a, b in zip(lp_plain, lp_parked))

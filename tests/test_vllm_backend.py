@@ -231,7 +231,8 @@ def test_phase_engine_drives_vllms_engine_loop():
     (group,) = sample_two_phase(phase, [[1, 2, 3]], 2, settings, 0, ChatFormat("plain"), encode, decode, {0}, forced_phrase="!")
     thinking = [p for _, _, p, _ in engine.added[:2]]
     assert all(p.n == 1 and p.logprobs == 0 and p.top_k == 0 and p.top_p == 1.0 and p.temperature == 1.0 for p in thinking)
-    assert all(p.stop_token_ids == [9] and p.stop == ["</think>"] and p.detokenize and not p.skip_special_tokens for p in thinking)
+    # a one-token marker is a stop token id: no stop string, so nothing is detokenised
+    assert all(p.stop_token_ids == [9] and not p.stop and not p.detokenize and not p.skip_special_tokens for p in thinking)
     assert all(p.output_kind == RequestOutputKind.FINAL_ONLY and p.max_tokens == 5 for p in thinking)
     assert thinking[0].seed != thinking[1].seed
     answers = [p for _, _, p, _ in engine.added[2:]]
@@ -241,3 +242,110 @@ def test_phase_engine_drives_vllms_engine_loop():
         assert c.forced and c.completion_ids == [5, 5, 5, 5, 6, 4, 9, 5, 5, 6] and c.loss_mask == [1] * 5 + [0, 0] + [1] * 3
         assert c.sampler_logprobs == [-1.0] * 5 + [0.0, 0.0] + [-1.0] * 3
     assert engine.aborted == []
+
+
+# ----------------------------------------------------------------------------- guards
+
+
+def test_in_process_engine_is_refused_with_the_fix(monkeypatch):
+    """VLLM_ENABLE_V1_MULTIPROCESSING=0 would put the engine in the trainer's process, on its device 0."""
+    from discover.preflight import PreflightError, check_model_backend
+
+    assert vllm_engine.multiprocessing_problem({}) is None
+    assert vllm_engine.multiprocessing_problem({"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}) is None
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    message = vllm_engine.multiprocessing_problem()
+    assert message is not None and "\n" not in message and "unset it" in message and "VLLM_ENABLE_V1_MULTIPROCESSING=0" in message
+    with pytest.raises(RuntimeError, match="unset it"):
+        vllm_engine.check_environment()
+    with pytest.raises(RuntimeError, match="unset it"):  # before any import of vLLM or any GPU is needed
+        vllm_engine._build(vllm_engine.EngineSpec("m", "bfloat16", (0,), 64, 0.5, 8, False))
+    with pytest.raises(PreflightError, match="wrong GPU"):
+        check_model_backend(ModelConfig(backend="vllm"))
+    check_model_backend(ModelConfig())  # the transformers backend does not care
+
+
+def test_a_one_token_marker_stops_by_token_id_without_detokenising():
+    """Qwen3's `</think>` is one token: vLLM gets its id and no stop string (which would make it
+    detokenise every token); a marker of several tokens is still matched as text."""
+    from discover.policy.engine import PhaseRequest
+    from discover.policy.resident import resolve_model_path
+    from discover.policy.two_phase import Marker
+    from discover.policy.vllm_backend import _tokenizer, stop_settings
+
+    tok = _tokenizer(resolve_model_path("tiny-qwen3"))
+    encode = lambda s: tok.encode(s, add_special_tokens=False)  # noqa: E731
+    one = Marker.of("</think>", encode)
+    assert len(one.token_ids) == 1 and one.token_ids[0] == tok.convert_tokens_to_ids("</think>")
+    settings = stop_settings(PhaseRequest([1, 2], 8, one.token_ids, one.strings))
+    assert settings == {"stop_token_ids": [one.token_ids[0]], "stop": None, "detokenize": False}
+    several = Marker.of("Final answer:", encode)
+    assert several.token_ids == () and len(encode("Final answer:")) > 1
+    assert stop_settings(PhaseRequest([1, 2], 8, several.token_ids, several.strings)) == {
+        "stop_token_ids": None, "stop": ["Final answer:"], "detokenize": True,
+    }
+    assert stop_settings(PhaseRequest([1, 2], 8)) == {"stop_token_ids": None, "stop": None, "detokenize": False}  # answer phase
+
+
+# ----------------------------------------------------------------------------- one copy of the weights on the GPU
+
+
+def test_one_copy_plan_fields_and_memory_share():
+    with pytest.raises(ValueError, match="offload_while_generating only apply to backend: vllm"):
+        ModelConfig(offload_while_generating=True)
+    one = ModelConfig(backend="vllm", device="cuda:0", sleep_while_training=True, offload_while_generating=True)
+    assert placement.one_copy_on_gpu(one) and placement.generation_memory_fraction(one) == placement.ONE_COPY_GPU_FRACTION
+    half = ModelConfig(backend="vllm", device="cuda:0", sleep_while_training=True)  # the trainer's weights stay
+    assert placement.generation_memory_fraction(half) == placement.SHARED_GPU_FRACTION
+    split = ModelConfig(backend="vllm", generation_devices=[1], training_devices=[0], sleep_while_training=True, offload_while_generating=True)
+    assert placement.generation_memory_fraction(split) == placement.OWN_GPU_FRACTION
+    assert ModelConfig().lora_dtype == "float32" and not ModelConfig(backend="vllm").offload_while_generating
+
+
+def test_the_trainer_is_offloaded_before_the_engine_is_built_or_woken(monkeypatch):
+    from discover.config import SamplingConfig
+    from discover.policy import offload
+    from discover.policy.trainer import LoRATrainer
+
+    cfg = ModelConfig(name="tiny-qwen3", backend="vllm", device="cuda:0", lora_rank=4, sleep_while_training=True, offload_while_generating=True)
+    monkeypatch.setattr(placement, "generation_devices", lambda m: [0])  # no GPU here: the engine is never built
+    policy = load_policy(cfg)
+    policy._load_trainer = lambda: LoRATrainer.load(ModelConfig(name="tiny-qwen3", lora_rank=4, device="cpu"))  # on CPU here
+    trainer = policy.trainer
+    seen = []
+
+    def engine(spec):
+        seen.append((spec.memory_fraction, offload.parked_count(), trainer.lora_parameters()[0].numel()))
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(vllm_engine, "engine", engine)
+    try:
+        with pytest.raises(RuntimeError, match="stop here"):
+            policy.sample(["x"], 1, SamplingConfig(context_tokens=64, thinking_budget=32), seed=0)
+    finally:
+        parked = offload.parked_count()
+        offload.unpark_all()
+    assert parked > 0
+    assert seen and seen[0][0] == placement.ONE_COPY_GPU_FRACTION
+    assert seen[0][1] > 0 and seen[0][2] == 0  # parked when the engine is asked for
+    offload.park_all()
+    trainer.sequence_logprobs([])  # anything the trainer computes brings its tensors back
+    assert offload.parked_count() == 0 and trainer.lora_parameters()[0].numel() > 0
+
+
+def test_prefix_cache_hits_are_counted_per_phase():
+    """RequestOutput.num_cached_tokens per finished request, summed per phase (the answer phase's
+    prompt is prompt + thinking, which the prefix cache should mostly serve)."""
+    from discover.policy.vllm_backend import VLLMDecodeEngine
+
+    outs = [
+        SimpleNamespace(request_id="t", finished=True, prompt_token_ids=[1] * 40, num_cached_tokens=32, outputs=[_completion([5, 99], "stop", 99)]),
+        SimpleNamespace(request_id="a", finished=True, prompt_token_ids=[1] * 100, num_cached_tokens=96, outputs=[_completion([5, 6], "length")]),
+    ]
+    fake = SimpleNamespace(has_unfinished_requests=lambda: True, step=lambda: [outs.pop(0)])
+    engine = VLLMDecodeEngine(SimpleNamespace(llm_engine=fake), None)
+    engine._pending = {"t": ((0, 0), (99,), "thinking"), "a": ((0, 1), (), "answer")}
+    assert [k for k, _ in engine.poll()] == [(0, 0)] and [k for k, _ in engine.poll()] == [(0, 1)]
+    stats = engine.prefix_cache_stats()
+    assert stats["thinking"]["hit_rate"] == 0.8 and stats["answer"]["hit_rate"] == 0.96
+    assert stats["answer"]["requests"] == 1 and stats["answer"]["prompt_tokens"] == 100

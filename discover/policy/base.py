@@ -106,9 +106,13 @@ class Policy:
     def sequence_logprobs(
         self, completions: list[Completion], with_adapter: bool = True, temperature: float | None = None
     ) -> list[torch.Tensor]:
-        """`Trainer.sequence_logprobs`; `temperature` defaults to the one of the last sample (1.0 before any)."""
+        """`Trainer.sequence_logprobs`; `temperature` defaults to the one of the last sample (1.0 before any).
+
+        Like a training step, it runs while the sampler makes room: with vLLM sleeping while training
+        and the trainer's weights offloaded while generating, both copies never share the GPU."""
         temp = self.temperature if temperature is None else float(temperature)
-        return self.trainer.sequence_logprobs(completions, with_adapter=with_adapter, temperature=temp)
+        with self.sampler.while_training():
+            return self.trainer.sequence_logprobs(completions, with_adapter=with_adapter, temperature=temp)
 
     def train_step(
         self, batch: TrainBatch, train: TrainConfig, temperature: float = 1.0, optimizer_state: Path | None = None

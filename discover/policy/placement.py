@@ -15,6 +15,12 @@ from discover.config import ModelConfig
 
 SHARED_GPU_FRACTION = 0.45  # vLLM's share of a GPU it shares with the trainer (README: memory arithmetic)
 OWN_GPU_FRACTION = 0.90  # vLLM's share of a GPU of its own
+# vLLM's share of a GPU it shares with the trainer when only one copy of the weights is there at a
+# time (model.sleep_while_training and model.offload_while_generating): while vLLM generates, the
+# trainer holds only its CUDA context; the rest (about 8 GB of an 80 GB GPU) is headroom for that
+# context, the allocator's fragmentation and vLLM's own non-KV memory outside its budget. Not yet
+# measured on a GPU: benchmarks/gpu_check.py reports the KV-cache size it gives.
+ONE_COPY_GPU_FRACTION = 0.85
 
 
 def pick_device(spec: str) -> torch.device:
@@ -61,7 +67,14 @@ def generation_memory_fraction(model: ModelConfig) -> float:
     """vLLM's `gpu_memory_utilization`: the configured one, else by whether the GPU is shared."""
     if model.generation_memory_fraction is not None:
         return float(model.generation_memory_fraction)
-    return SHARED_GPU_FRACTION if shares_gpu(model) else OWN_GPU_FRACTION
+    if not shares_gpu(model):
+        return OWN_GPU_FRACTION
+    return ONE_COPY_GPU_FRACTION if one_copy_on_gpu(model) else SHARED_GPU_FRACTION
+
+
+def one_copy_on_gpu(model: ModelConfig) -> bool:
+    """True when vLLM sleeps while the trainer trains and the trainer's weights leave while vLLM generates."""
+    return bool(model.sleep_while_training and model.offload_while_generating)
 
 
 def visible_devices_for(indices: list[int]) -> str:

@@ -16,6 +16,10 @@
 * The KL term's base log-probs come from the same model with the adapter disabled (docs/method.md §2).
 * The importance ratio exp(logp_learner - logp_sampler) is reported per step (mean, max, mean
   absolute log-prob gap) and optionally truncated (`train.importance_ratio_cap`).
+* The LoRA parameters (and so Adam's state) are float32 by default; `model.lora_dtype: bfloat16`
+  keeps them in bfloat16 (half the adapter's memory, bf16 matmuls in the adapter's path).
+* With `model.offload_while_generating` the vLLM sampler parks this trainer's tensors in CPU memory
+  before vLLM generates (`offload.py`); everything here that computes or saves brings them back first.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from torch.utils.checkpoint import checkpoint
 
 from discover.config import ModelConfig, TrainConfig
 from discover.objectives import batch_kl_mean, importance_sampling_loss, kl_shaped_advantages
+from discover.policy import offload
 from discover.policy.base import Completion, TrainBatch
 from discover.policy.packing import pack_by_tokens, padded_tokens
 from discover.policy.placement import training_devices
@@ -209,6 +214,17 @@ class LoRATrainer:
         self.model_config = model_config
         self._optimizer: torch.optim.Optimizer | None = None
         self._train_config: TrainConfig | None = None
+        offload.register(self)
+
+    def parkable_tensors(self) -> list[tuple[torch.Tensor, bool]]:
+        """(tensor, frozen) for everything this trainer keeps on its device: the model's parameters and
+        buffers (the base model's are shared with `resident.BASE_CACHE`) and Adam's state."""
+        out = [(p, not p.requires_grad) for p in self.model.parameters()]
+        out += [(b, True) for b in self.model.buffers()]
+        if self._optimizer is not None:
+            for state in self._optimizer.state.values():
+                out += [(v, False) for v in state.values() if isinstance(v, torch.Tensor)]
+        return out
 
     @classmethod
     def load(
@@ -219,6 +235,7 @@ class LoRATrainer:
 
         path = resolve_model_path(model.name)
         devices = devices or training_devices(model)
+        offload.unpark_all()  # the resident base model back on its device, if it was parked
         tokenizer, base = load_base(path, model.dtype, devices)
         local = share_weights_copy(base)
         disable_dropout(local)
@@ -242,6 +259,11 @@ class LoRATrainer:
             with torch.random.fork_rng(devices=cuda):
                 torch.manual_seed(seed)
                 peft_model = get_peft_model(local, lora)
+        if model.lora_dtype != "float32":  # peft keeps adapters in float32 (autocast_adapter_dtype); cast them
+            lora_dtype = getattr(torch, model.lora_dtype)
+            for p in peft_model.parameters():
+                if p.requires_grad:
+                    p.data = p.data.to(lora_dtype)
         if len(devices) == 1:
             peft_model.to(devices[0])
         if model.gradient_checkpointing:
@@ -263,6 +285,7 @@ class LoRATrainer:
         With the adapter the graph is kept (when grad is enabled); without it (base model) nothing
         is tracked.
         """
+        offload.unpark_all()
         temp = float(temperature)
         lengths = [len(c.prompt_ids) + len(c.completion_ids) for c in completions]
         out: list[torch.Tensor | None] = [None] * len(completions)
@@ -301,6 +324,7 @@ class LoRATrainer:
         """One Adam step on the LoRA parameters with the KL-shaped importance-sampling loss (docs/method.md §2)."""
         if len(batch.advantages) != len(batch.completions):
             raise ValueError(f"{len(batch.completions)} completions but {len(batch.advantages)} advantages")
+        offload.unpark_all()  # the weights back from CPU memory if vLLM generated meanwhile
         opt = self._ensure_optimizer(train)
         if optimizer_state is not None and Path(optimizer_state).is_file():
             opt.load_state_dict(torch.load(optimizer_state, map_location=self.device, weights_only=True))
@@ -328,6 +352,7 @@ class LoRATrainer:
 
     def save(self, adapter_dir: Path, optimizer_path: Path | None = None) -> None:
         """Write the adapter (and the optimizer state) atomically: temp name first, then rename."""
+        offload.unpark_all()
         adapter_dir = Path(adapter_dir)
         adapter_dir.parent.mkdir(parents=True, exist_ok=True)
         tmp = adapter_dir.parent / f".{adapter_dir.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"

@@ -11,7 +11,9 @@
 * Training and saving: the shared `trainer.LoRATrainer` on `model.training_devices` (or
   `model.device`), its base model resident in this process, loaded on first use
   (docs/architecture.md, "A policy backend"). With `model.sleep_while_training` the engine sleeps
-  (weights to CPU, KV cache dropped) during the step and wakes for the next generation.
+  (weights to CPU, KV cache dropped) during the step and wakes for the next generation; with
+  `model.offload_while_generating` the trainer's tensors go to CPU memory before vLLM generates
+  (`offload.py`) and come back when it trains: one copy of the weights on the GPU at a time.
 * Nothing here imports vLLM until something is generated, so initialising a run (a fresh adapter)
   and training work where vLLM is not installed.
 """
@@ -26,7 +28,7 @@ from contextlib import contextmanager
 from typing import Any, Hashable, Iterator
 
 from discover.config import ModelConfig, SamplingConfig
-from discover.policy import placement, vllm_engine
+from discover.policy import offload, placement, vllm_engine
 from discover.policy.base import Completion, Policy
 from discover.policy.chat_format import chat_format_for
 from discover.policy.engine import PhaseOutput, PhaseRequest
@@ -34,7 +36,7 @@ from discover.policy.resident import resolve_model_path
 from discover.policy.trainer import LoRATrainer
 from discover.policy.two_phase import stream_two_phase
 
-__all__ = ["VLLMDecodeEngine", "VLLMSampler", "load"]
+__all__ = ["VLLMDecodeEngine", "VLLMSampler", "load", "stop_settings"]
 
 log = logging.getLogger("discover")
 
@@ -94,6 +96,23 @@ def phase_output(completion: Any, marker_ids: tuple[int, ...]) -> PhaseOutput:
     return PhaseOutput(ids, lps, stop)
 
 
+def stop_settings(request: PhaseRequest) -> dict[str, Any]:
+    """vLLM's stop fields for a phase: the marker's token id when it is one token, else its text.
+
+    A stop string makes vLLM detokenise every generated token of the request (incrementally, on
+    the engine's output path) just to look for it; a one-token marker (Qwen3's `</think>`) is
+    matched exactly and for free as a stop token id, so its string is dropped and nothing is
+    detokenised. What is lost: the marker spelled out in several other tokens (the model writing
+    "</", "think", ">") no longer stops the phase; the thinking then runs to its budget and is
+    closed by the forced text, as for any completion that never closes it. A marker of several
+    tokens (gpt-oss's `<|channel|>final<|message|>`) is still matched as text.
+    """
+    if request.stop_token_ids:
+        return {"stop_token_ids": list(request.stop_token_ids), "stop": None, "detokenize": False}
+    strings = list(request.stop_strings)
+    return {"stop_token_ids": None, "stop": strings or None, "detokenize": bool(strings)}
+
+
 def fresh_adapter(adapter_dir: Path) -> dict[str, Any]:
     """LoRARequest fields under an id and a name never used before in this process.
 
@@ -117,9 +136,24 @@ class VLLMDecodeEngine:
     def __init__(self, llm: Any, lora_request: Any | None):
         self.engine = llm.llm_engine
         self.lora_request = lora_request
-        self._pending: dict[str, tuple[Hashable, tuple[int, ...]]] = {}  # request id -> (key, marker ids)
+        self._pending: dict[str, tuple[Hashable, tuple[int, ...], str]] = {}  # request id -> (key, marker ids, phase)
         self._tokens = 0
         self._t0 = time.time()
+        # per phase ("thinking": stops at the marker; "answer": no stop but EOS): requests, prompt tokens,
+        # prompt tokens served from vLLM's prefix cache (RequestOutput.num_cached_tokens)
+        self.cache_counts: dict[str, list[int]] = {"thinking": [0, 0, 0], "answer": [0, 0, 0]}
+
+    def prefix_cache_stats(self) -> dict[str, dict[str, float]]:
+        """Per phase: finished requests, their prompt tokens, how many came from the prefix cache, the hit rate.
+
+        The answer phase's prompt is prompt + thinking (+ forced tokens): with the prefix cache on,
+        all but the blocks written since the thinking phase should be hits.
+        """
+        out = {}
+        for phase, (requests, prompt, cached) in self.cache_counts.items():
+            out[phase] = {"requests": float(requests), "prompt_tokens": float(prompt), "cached_tokens": float(cached),
+                          "hit_rate": cached / prompt if prompt else float("nan")}
+        return out
 
     def submit(self, key: Hashable, request: PhaseRequest, temperature: float, seed: int) -> None:
         from vllm import SamplingParams
@@ -135,18 +169,17 @@ class VLLMDecodeEngine:
             max_tokens=request.max_tokens,
             logprobs=0,  # the sampled token's log-prob only
             seed=seed,
-            stop_token_ids=list(request.stop_token_ids) or None,
-            stop=list(request.stop_strings) or None,
             include_stop_str_in_output=True,
             skip_special_tokens=False,  # a marker made of special tokens (gpt-oss) must match
             spaces_between_special_tokens=False,
-            detokenize=bool(request.stop_strings),  # text is only needed to match a stop string
             output_kind=RequestOutputKind.FINAL_ONLY,
+            **stop_settings(request),
         )
         rid = f"discover-{next(_REQUEST_IDS)}"
         # an engine input of token ids (vLLM 0.20's rendered form: nothing to tokenize)
         self.engine.add_request(rid, tokens_input(list(request.prompt_ids)), params, lora_request=self.lora_request)
-        self._pending[rid] = (key, request.stop_token_ids)
+        phase = "thinking" if (request.stop_token_ids or request.stop_strings) else "answer"
+        self._pending[rid] = (key, request.stop_token_ids, phase)
 
     def poll(self) -> list[tuple[Hashable, PhaseOutput]]:
         done: list[tuple[Hashable, PhaseOutput]] = []
@@ -155,13 +188,19 @@ class VLLMDecodeEngine:
                 raise RuntimeError(f"vLLM has no work left but {len(self._pending)} requests never finished")
             for out in self.engine.step():
                 if out.finished and out.request_id in self._pending:
-                    key, markers = self._pending.pop(out.request_id)
+                    key, markers, phase = self._pending.pop(out.request_id)
                     (completion,) = out.outputs
                     done.append((key, phase_output(completion, markers)))
                     self._tokens += len(completion.token_ids)
+                    counts = self.cache_counts[phase]
+                    counts[0] += 1
+                    counts[1] += len(getattr(out, "prompt_token_ids", None) or ())
+                    counts[2] += int(getattr(out, "num_cached_tokens", None) or 0)
         if not self._pending and done:
             seconds = time.time() - self._t0
-            log.info("vLLM: %d tokens in %.1f s (%.0f tokens/s)", self._tokens, seconds, self._tokens / max(seconds, 1e-9))
+            answer = self.cache_counts["answer"]
+            log.info("vLLM: %d tokens in %.1f s (%.0f tokens/s); answer phase prefix-cache hits %d of %d prompt tokens",
+                     self._tokens, seconds, self._tokens / max(seconds, 1e-9), answer[2], answer[1])
         return done
 
     def cancel(self) -> None:
@@ -185,6 +224,7 @@ class VLLMSampler:
         self.adapter_dir = Path(adapter_dir) if adapter_dir is not None else None
         self.path = resolve_model_path(model.name)
         self._lora: Any | None = None
+        self.last_engine: VLLMDecodeEngine | None = None  # the last sample's, for its prefix-cache counts
 
     @property
     def tokenizer(self):
@@ -221,16 +261,27 @@ class VLLMSampler:
         fmt = chat_format_for(tok, sampling.think_end)
         kwargs = self.model_config.chat_template_kwargs
         rendered = [fmt.render(tok, p, thinking=sampling.think_end is not None, **kwargs) for p in prompts]
+        if self.model_config.offload_while_generating:
+            self.offload_trainer()  # before the engine is built or wakes: its memory is counted then
         held = vllm_engine.engine(self.engine_spec(sampling.context_tokens))
         lora = self.lora_request()
         if lora is not None:
             vllm_engine.use_adapter(held, lora.lora_int_id)
+        self.last_engine = VLLMDecodeEngine(held.llm, lora)
         return stream_two_phase(
-            VLLMDecodeEngine(held.llm, lora), rendered, n, sampling, seed, fmt,
+            self.last_engine, rendered, n, sampling, seed, fmt,
             encode=lambda s: [int(t) for t in tok.encode(s, add_special_tokens=False)],
             decode=tok.decode,
             eos_ids=eos_ids(self.path),
         )
+
+    def offload_trainer(self) -> dict[str, float]:
+        """Park the trainer's tensors (resident base model, adapters, Adam state) in CPU memory (`offload.py`)."""
+        stats = offload.park_all()
+        if stats.tensors:
+            log.info("trainer offloaded to CPU memory: %d tensors, %.2f GiB freed, %.2f GiB copied, %.2f s",
+                     stats.tensors, stats.device_bytes / 2**30, stats.copied_bytes / 2**30, stats.seconds)
+        return stats.as_dict()
 
     @contextmanager
     def while_training(self) -> Iterator[None]:

@@ -66,6 +66,34 @@ _HELD: _Held | None = None
 _LOCK = threading.RLock()
 
 
+MULTIPROCESSING_VAR = "VLLM_ENABLE_V1_MULTIPROCESSING"
+
+
+def multiprocessing_problem(environ: dict[str, str] | None = None) -> str | None:
+    """Why the environment would put vLLM's engine in this process, or None when it does not.
+
+    With VLLM_ENABLE_V1_MULTIPROCESSING=0 vLLM runs its engine core inside the calling process,
+    i.e. the trainer's: CUDA_VISIBLE_DEVICES is set for vLLM's own processes only
+    (`_child_environment`), so the engine would take this process's device 0 instead of
+    `model.generation_devices`, and its memory accounting would include the trainer's.
+    """
+    env = os.environ if environ is None else environ
+    value = env.get(MULTIPROCESSING_VAR)
+    if value is not None and value.strip().lower() in ("0", "false", "no", "off"):
+        return (
+            f"{MULTIPROCESSING_VAR}={value} would run vLLM's engine inside the trainer's process, on the wrong GPU; "
+            f"unset it (or set it to 1) before starting the run"
+        )
+    return None
+
+
+def check_environment() -> None:
+    """Refuse (one line) an environment that would misplace vLLM's engine (`multiprocessing_problem`)."""
+    problem = multiprocessing_problem()
+    if problem is not None:
+        raise RuntimeError(problem)
+
+
 def _import_vllm():
     try:
         import vllm
@@ -98,6 +126,7 @@ def _child_environment(devices: tuple[int, ...]) -> Iterator[None]:
 
 
 def _build(spec: EngineSpec) -> Any:
+    check_environment()
     vllm = _import_vllm()
     log.info(
         "starting vLLM %s for %s on GPU(s) %s (%.0f%% of their memory, context %d, LoRA rank <= %d%s)",
@@ -162,6 +191,26 @@ def sleep_if_held() -> bool:
         _HELD.llm.sleep(level=1)
         _HELD.asleep = True
         return True
+
+
+def kv_cache_size(held: _Held) -> dict[str, float]:
+    """The KV cache vLLM allocated: blocks, tokens (blocks x block size) and GiB (per token: 2 x layers x
+    KV heads x head dim x the dtype's bytes, from the model's configuration; NaN where unknown)."""
+    config = held.llm.llm_engine.vllm_config
+    blocks = int(getattr(config.cache_config, "num_gpu_blocks", None) or 0)
+    block_size = int(getattr(config.cache_config, "block_size", None) or 0)
+    tokens = blocks * block_size
+    per_token = float("nan")
+    try:
+        model = config.model_config
+        hf = model.hf_text_config
+        head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
+        per_token = 2.0 * hf.num_hidden_layers * hf.num_key_value_heads * head_dim * model.dtype.itemsize
+    except Exception as err:  # a configuration of another shape: the token count alone
+        log.debug("KV cache bytes per token unknown: %s", err)
+    return {"blocks": float(blocks), "block_size": float(block_size), "tokens": float(tokens),
+            "GiB": tokens * per_token / 2**30, "max_model_len": float(held.spec.max_model_len),
+            "sequences_of_max_len": tokens / held.spec.max_model_len if held.spec.max_model_len else float("nan")}
 
 
 def use_adapter(held: _Held, lora_id: int) -> None:
