@@ -21,7 +21,9 @@ and the mean reward by step (means over seeds), wall time; and for the TTT arm t
 
 A killed benchmark started again with the same arguments resumes: each arm's run directory is a
 discovery run, finished runs return at once and an unfinished one resumes at its first unfinished
-task (--fresh starts over).
+task (--fresh starts over); the wall time of a run adds up over the invocations. Seeds can run as
+separate processes at once (`--seeds 0` and `--seeds 1` with the same --out), then a last
+invocation with all the seeds prints the table from the finished runs.
 """
 
 from __future__ import annotations
@@ -105,7 +107,7 @@ def main() -> int:
             cfg = parse_config(arm_config(base, arm, seed, args.steps, args.out))
             t0 = time.time()
             discovery_run(config=cfg)
-            seconds[arm] += time.time() - t0
+            seconds[arm] += _wall_seconds(Path(cfg.run_dir), time.time() - t0)
             records[(arm, seed)] = [rec for _, rec in run_metrics(Path(cfg.run_dir))]
             best = max((r["reward/max"] or 0.0) for r in records[(arm, seed)])
             print(f"seed {seed} {arm:>10}: best rollout {best:.4f} ({time.time() - t0:.0f} s)", flush=True)
@@ -140,6 +142,14 @@ def main() -> int:
     (args.out / "results.json").write_text(json.dumps({f"{a}/{s}": r for (a, s), r in records.items()}, indent=1))
     print(f"\npicture: {args.plot}; per-step records: {args.out / 'results.json'}")
     return 0
+
+
+def _wall_seconds(run_dir: Path, elapsed: float) -> float:
+    """The run's wall time over every invocation that worked on it (a resumed or finished run adds its part)."""
+    record = run_dir / "benchmark_seconds.json"
+    total = (json.loads(record.read_text())["seconds"] if record.is_file() else 0.0) + elapsed
+    record.write_text(json.dumps({"seconds": total}))
+    return total
 
 
 def _seed_best(out: Path, arm: str, seed: int) -> float | None:
