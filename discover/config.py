@@ -155,6 +155,19 @@ class SamplingConfig(_Section):
     thinking_budget: int = Field(26000, ge=1, description="prompt + thinking tokens before forcing")
     max_answer_tokens: int | None = Field(None, ge=1, description="answer tokens; default: rest of context")
     think_end: str | None = Field(None, description="marker that closes thinking; null: no thinking phase")
+    answer_prefix: str = Field(
+        "",
+        description="text the model's answer starts with, added after the prompt (e.g. a code fence for a small model that would describe the program instead of writing it); only with think_end null",
+    )
+
+    @model_validator(mode="after")
+    def _prefix_without_thinking(self) -> "SamplingConfig":
+        if self.answer_prefix and self.think_end is not None:
+            raise ValueError(
+                "sampling.answer_prefix starts the answer right after the prompt, so it needs sampling.think_end: null "
+                "(a thinking model writes its thinking first); remove one of them"
+            )
+        return self
 
     @property
     def answer_tokens(self) -> int:

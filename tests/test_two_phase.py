@@ -148,6 +148,21 @@ def test_without_thinking_there_is_one_phase():
     assert c.answer == "bb"
 
 
+
+def test_an_answer_prefix_is_prompt_the_model_continues_and_the_answer_begins_with_it():
+    s = settings(think_end=None, max_answer_tokens=3, answer_prefix="a\n")
+    engine = Scripted([[2, 3, EOS]])
+    (c,) = run(engine, [[5, 5]], 1, s)[0]
+    assert engine.requests[0][0].prompt_ids == [5, 5, 1, 5]  # the prefix's tokens end the prompt
+    assert c.prompt_ids == [5, 5, 1, 5] and c.completion_ids == [2, 3, EOS] and c.loss_mask == [1, 1, 1]
+    assert c.answer == c.text == "a\nbc"  # what the evaluator parses starts with the prefix
+
+
+def test_an_answer_prefix_needs_no_thinking():
+    with pytest.raises(ValueError, match="answer_prefix .* needs sampling.think_end: null"):
+        SamplingConfig(answer_prefix="```python\n", think_end="</think>")
+    assert SamplingConfig(answer_prefix="```python\n").answer_prefix == "```python\n"
+
 class Staggered:
     """An engine whose continuations finish in a given order, one per poll (as a running batch does)."""
 

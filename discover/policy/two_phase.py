@@ -12,6 +12,8 @@ log-probabilities. This module decides everything else, once for all backends:
 * Phase 2 (the answer; the only phase without `think_end`): continue from prompt + everything so
   far until EOS, `max_answer_tokens`, or the context (`finish_reason` "length" for the last two).
 * EOS inside phase 1 ends the completion with an empty answer (there was no final message).
+* `sampling.answer_prefix` (only without thinking) is appended to the prompt's tokens, so the model
+  continues it and is never trained on it; `text` and `answer` begin with it.
 * The EOS token is kept as the last completion token (loss_mask 1: stopping is an action);
   `text` and `answer` never contain it.
 
@@ -109,6 +111,9 @@ def stream_two_phase(
     context = settings.context_tokens
     if engine.max_context is not None:
         context = min(context, int(engine.max_context))
+    if settings.answer_prefix:  # the answer's first words, as prompt: conditioned on, never trained on
+        prefix = encode(settings.answer_prefix)
+        prompts = [list(p) + prefix for p in prompts]
     check_prompts(prompts, settings, context)
     run = _TwoPhase(engine, prompts, k, settings, seed, context, chat_format, encode, decode, eos_ids, forced_phrase)
     return run.stream()
@@ -228,6 +233,8 @@ def _complete(d: _Draft, settings: SamplingConfig, decode: Callable[[list[int]],
         answer = decode(body[d.answer_start :])
     else:  # the model closed its thinking itself: the answer is what follows the marker
         answer = text.split(settings.think_end, 1)[1] if settings.think_end in text else decode(body[d.answer_start :])
+    if settings.answer_prefix:  # only without thinking (config): the prefix opens the answer
+        text, answer = settings.answer_prefix + text, settings.answer_prefix + answer
     return Completion(
         prompt_ids=list(d.prompt),
         completion_ids=list(d.tokens),
