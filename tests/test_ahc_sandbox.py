@@ -20,7 +20,7 @@ import pytest
 from evaluators.algorithms.ahc039 import judge as judge039
 from evaluators.algorithms.cases import public_inputs
 from evaluators.registry import get_problem
-from evaluators.sandbox import ProcessSandbox, docker_unavailable
+from tests.sandbox_backends import either_backend
 
 CASES = "0-3"
 RECTANGLE = 'printf("4\\n20000 20000\\n80000 20000\\n80000 80000\\n20000 80000\\n");'
@@ -65,17 +65,7 @@ SLEEPS = program("sleep(1000); " + RECTANGLE)
 
 @pytest.fixture(scope="module", params=["process", "docker"])
 def sandbox(request):
-    if request.param == "process":
-        yield ProcessSandbox()
-        return
-    why = docker_unavailable("cpp20")
-    if why:
-        pytest.skip(f"docker backend not testable here: {why}")
-    from evaluators.sandbox.docker import DockerSandbox
-
-    box = DockerSandbox(image="cpp20", concurrency=1)
-    yield box
-    box.close()
+    yield from either_backend(request.param, "cpp20")
     assert not _native_containers()
 
 

@@ -18,7 +18,7 @@ import pytest
 
 from evaluators.algorithms.cases import archive_path
 from evaluators.registry import get_problem
-from evaluators.sandbox import ProcessSandbox, docker_unavailable
+from tests.sandbox_backends import either_backend
 
 CASES = "0-1"
 RECT = "4\\n20000 20000\\n80000 20000\\n80000 80000\\n20000 80000\\n"
@@ -68,17 +68,7 @@ WRITES_FILES = program(
 
 @pytest.fixture(scope="module", params=["process", "docker"])
 def sandbox(request):
-    if request.param == "process":
-        yield ProcessSandbox()
-        return
-    why = docker_unavailable("cpp20")
-    if why:
-        pytest.skip(f"docker backend not testable here: {why}")
-    from evaluators.sandbox.docker import DockerSandbox
-
-    box = DockerSandbox(image="cpp20", concurrency=1)
-    yield box
-    box.close()
+    yield from either_backend(request.param, "cpp20")
 
 
 @pytest.fixture(scope="module")

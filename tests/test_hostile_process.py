@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.sandbox_backends import alive
+
 from evaluators.sandbox import ProcessSandbox, SandboxLimits, UnboundedProcessTree
 from evaluators.sandbox import process as process_module
 from evaluators.sandbox.native import NativeLimits
@@ -36,14 +38,6 @@ def bounded() -> ProcessSandbox:
 
 def run(program: str, **limits):
     return bounded().run(program, "construct", None, SandboxLimits(**{**LIMITS.__dict__, **limits}))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] != "Z"
 
 
 def _owned_in_scratch(uid: int) -> list[str]:
@@ -84,7 +78,7 @@ def test_children_each_under_the_limit_cannot_take_more_than_the_limit_together(
         result = run(FORKS_4_X_100_MB, memory_mb=256)
         assert not result.ok
         assert "memory limit (256 MB) exceeded by the process tree" in result.reason
-        assert _alive(bystander.pid) and _alive(os.getpid())  # the kill stayed inside the run
+        assert alive(bystander.pid) and alive(os.getpid())  # the kill stayed inside the run
     finally:
         bystander.kill()
         bystander.wait()
@@ -282,7 +276,7 @@ def test_a_compiled_programs_children_share_one_memory_limit():
         case = native(FORKS_IN_CPP, memory_mb=192, cpu_s=5.0)
         assert case.status == "MLE", (case.status, case.detail)
         assert "out-of-memory killer" in case.detail
-        assert _alive(bystander.pid)
+        assert alive(bystander.pid)
     finally:
         bystander.kill()
         bystander.wait()

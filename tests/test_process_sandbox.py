@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.sandbox_backends import alive
+
 from evaluators.sandbox import ProcessSandbox, SandboxLimits, get_sandbox
 
 # Generous: the programs here are meant to succeed unless a test sets its own limit.
@@ -34,19 +36,11 @@ def _live_pids_in_group(pgid: int) -> list[int]:
     return live
 
 
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] != "Z"
-
-
 def _wait_dead(pid: int, seconds: float = 2.0) -> bool:
     deadline = time.monotonic() + seconds
-    while _alive(pid) and time.monotonic() < deadline:
+    while alive(pid) and time.monotonic() < deadline:
         time.sleep(0.02)
-    return not _alive(pid)
+    return not alive(pid)
 
 
 def _pid_from_logs(logs: str) -> int:

@@ -1,0 +1,35 @@
+"""What several sandbox test modules share: a sandbox of either backend, and whether a process lives."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from evaluators.sandbox import ProcessSandbox, docker_unavailable
+
+
+def either_backend(backend: str, image: str) -> Iterator:
+    """The process sandbox, or a Docker sandbox of `image` (closed afterwards); the test skips with
+    the reason when Docker cannot run it. Use inside a fixture: `yield from either_backend(...)`."""
+    if backend == "process":
+        yield ProcessSandbox()
+        return
+    why = docker_unavailable(image)
+    if why:
+        pytest.skip(f"docker backend not testable here: {why}")
+    from evaluators.sandbox.docker import DockerSandbox
+
+    box = DockerSandbox(image=image, concurrency=1)
+    yield box
+    box.close()
+
+
+def alive(pid: int) -> bool:
+    """The process exists and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
