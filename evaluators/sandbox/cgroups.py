@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import os
 import secrets
-import signal
 import threading
 import time
 from dataclasses import dataclass, field
+
+from evaluators.sandbox.reaping import sigkill
 
 PARENT_ENV = "DISCOVER_CGROUP_PARENT"  # a delegated cgroup v2 directory to create run groups in
 PREFIX = "discover-run-"
@@ -291,11 +292,7 @@ class RunCgroup:
             pids = self.pids()
             if not pids:
                 return True
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
+            sigkill(pids)
             time.sleep(0.002)
         return not self.pids()
 

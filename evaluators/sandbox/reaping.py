@@ -68,11 +68,7 @@ def kill_uid(uid: int, rounds: int = 50) -> None:
         pids = uid_pids(uid)
         if not pids:
             return
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+        sigkill(pids)
         time.sleep(0.005)
 
 
@@ -296,3 +292,12 @@ def candidate_sys_path() -> list[str]:
         if os.path.exists(real):
             path.append(real)
     return path
+
+
+def sigkill(pids: list[int] | set[int]) -> None:
+    """SIGKILL each of `pids`; one already gone (or not ours to signal) is passed over."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
