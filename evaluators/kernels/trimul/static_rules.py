@@ -19,6 +19,7 @@ what slips past the rules can still only spend its own time.
 from __future__ import annotations
 
 import ast
+import threading
 
 from evaluators.kernels.trimul.allowed_names import (
     ASSIGNABLE_MODULES,
@@ -31,6 +32,9 @@ from evaluators.kernels.trimul.allowed_names import (
 )
 
 TENSOR_BASES = frozenset({"Tensor", "Parameter"})
+# One parse at a time: CPython 3.11's ast module keeps its recursion depth in shared state, and two
+# threads parsing at once corrupt it for every later parse ("AST constructor recursion depth mismatch").
+_PARSE_LOCK = threading.Lock()
 ENTRY_POINT = "custom_kernel"
 
 
@@ -143,7 +147,7 @@ class _Rules(ast.NodeVisitor):
             self.fail(node, f"uses `.{node.attr}`, which reaches {OBJECT_ATTRIBUTES_REFUSED[node.attr]}; it is not allowed")
         self.generic_visit(node)
 
-    def _check_chain(self, node: ast.Attribute) -> None:
+    def _check_chain(self, node: ast.Attribute) -> None:  # docs/method.md §5c, the allow-list: module chains
         """`torch.nn.functional.linear`: every link must be on the list of the module before it, and a
         chain that ends on a namespace is only allowed as the start of a longer one (its parent)."""
         links: list[ast.Attribute] = []
@@ -277,7 +281,8 @@ def _line(problem: str) -> int:
 def check_source(source: str) -> list[str]:
     """Every broken rule of the kernel `source`, in source order; empty when it may run."""
     try:
-        tree = ast.parse(source)
+        with _PARSE_LOCK:
+            tree = ast.parse(source)
     except SyntaxError as err:
         return [f"syntax error: {err.msg} (line {err.lineno})"]
     except ValueError as err:  # null bytes
