@@ -1,0 +1,116 @@
+"""TriMul against kernels that attack the evaluator (docs/method.md §5c, the allow-list and the two-process clock).
+
+Every attack of tests/trimul_kernels.py ATTACKS is refused by the rules read before it runs, with
+the construct and its line. Then each is run past those rules (the driver called directly), where
+the second line must hold: the timer's clock, inputs and report live in a process the kernel
+cannot reach, so an attack is rejected at run time or is timed like the honest kernel doing the
+same work (CORRECT_TORCH), never faster. Both on the process backend and, where the GPU image
+exists, the docker backend; on CPU, under Triton's interpreter, with the CPU check's timing.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from evaluators.base import EvalResult
+from evaluators.kernels.trimul.problem import INITIAL_KERNEL, TriMulProblem
+from evaluators.kernels.trimul.static_rules import check_source
+from evaluators.sandbox import ProcessSandbox, docker_unavailable
+from tests.trimul_kernels import ATTACKS, CORRECT_TORCH
+
+PROBLEM = TriMulProblem(device="cpu", cpu_timing=True)
+PASSED = "correct on the CPU check"
+# A reply before the work: caught by the empty call's time, the unwritten NaNs or the late write.
+REPLIED_EARLY = ("no slower than an empty call", "NaN/inf where the reference has none", "changed after the kernel process replied")
+# What each attack gets past the rules: "timed" (it passes the check and is timed like the honest
+# kernel) or a phrase (or phrases, any one) of its rejection.
+OUTCOMES = {
+    "os_via_torch_runs_a_shell": "timed",
+    "patches_every_clock_and_the_checks": "timed",
+    "reduce_getattr_builds_names": "timed",
+    "runs_the_evaluators_reference": "timed",
+    "wraps_the_drivers_call": REPLIED_EARLY,
+    "replies_early_and_finishes_in_a_thread": REPLIED_EARLY,
+    "reads_and_writes_files_with_numpy_and_torch": "timed",
+    "forges_the_report_after_exit": "timed",
+    "spawns_a_thread": "it started a thread",
+    "patches_torch_functions_globally": "replaced torch.equal",
+    "returns_its_input": "checked output values are wrong",
+    "returns_a_cached_result": "checked output values are wrong",
+    "reads_the_timers_memory": "timed",
+}
+# Forged figures are orders of magnitude off; real ones on a shared CPU vary by a few times.
+NOT_FASTER = 0.3
+
+
+def test_every_attack_has_an_expected_outcome() -> None:
+    assert set(OUTCOMES) == set(ATTACKS)
+
+
+@pytest.mark.parametrize("name", sorted(ATTACKS))
+def test_the_rules_refuse_each_attack_naming_the_construct_and_line(name: str) -> None:
+    source, phrase = ATTACKS[name]
+    problems = check_source(source)
+    if phrase is None:  # honest syntax, dishonest values: only the run can tell
+        assert problems == []
+        return
+    hits = [p for p in problems if phrase in p]
+    assert hits and hits[0].startswith("line "), problems
+
+
+def _evaluate_all(box, sources: dict[str, str]) -> dict[str, EvalResult]:
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {name: pool.submit(PROBLEM.run_checks, src, box, False) for name, src in sources.items()}
+        return {name: f.result() for name, f in futures.items()}
+
+
+def _phrases(expected) -> tuple[str, ...]:
+    return (expected,) if isinstance(expected, str) else tuple(expected)
+
+
+def _judge(verdicts: dict[str, EvalResult], names) -> None:
+    """Every attack's outcome as OUTCOMES says; all the wrong ones listed at once."""
+    honest = verdicts["honest"]
+    assert honest.reason.startswith(PASSED), honest.reason + honest.observation[-2000:]
+    wrong = []
+    for name in names:
+        v = verdicts[name]
+        expected = OUTCOMES[name]
+        if v.valid or v.reward != 0.0:  # nothing is rewarded without a GPU
+            wrong.append(f"{name}: rewarded {v.reward}")
+        elif expected == "timed" and not v.reason.startswith(PASSED):
+            wrong.append(f"{name}: expected to be timed, got: {v.reason}\n{v.observation[-1500:]}")
+        elif expected == "timed" and v.metrics["cpu_best_us"] < NOT_FASTER * honest.metrics["cpu_best_us"]:
+            wrong.append(f"{name}: timed at {v.metrics['cpu_best_us']:.1f} µs, the honest kernel at {honest.metrics['cpu_best_us']:.1f} µs")
+        elif expected != "timed" and (not any(p in v.reason for p in _phrases(expected)) or v.reason.startswith(PASSED)):
+            wrong.append(f"{name}: expected a rejection with {expected!r}, got: {v.reason}\n{v.observation[-1500:]}")
+    assert not wrong, "\n\n".join(wrong)
+
+
+@pytest.mark.slow
+def test_past_the_rules_no_attack_beats_the_honest_kernel_on_the_process_backend() -> None:
+    verdicts = _evaluate_all(ProcessSandbox(), {"honest": CORRECT_TORCH, **{k: v[0] for k, v in ATTACKS.items()}})
+    _judge(verdicts, ATTACKS)
+
+
+@pytest.mark.slow
+def test_the_initial_kernel_is_timed_by_the_cpu_clock() -> None:
+    v = PROBLEM.run_checks(INITIAL_KERNEL, ProcessSandbox())
+    assert v.reason.startswith(PASSED), v.reason + v.observation[-2000:]
+    assert v.metrics["cpu_best_us"] > 0 and v.metrics["cpu_mean_us"] >= v.metrics["cpu_best_us"]
+
+
+@pytest.mark.slow
+def test_past_the_rules_no_attack_beats_the_honest_kernel_on_the_docker_backend() -> None:
+    why = docker_unavailable(PROBLEM.image)
+    if why:
+        pytest.skip(f"docker backend not checked here: {why}")
+    from evaluators.sandbox.docker import DockerSandbox
+
+    names = ["patches_every_clock_and_the_checks", "replies_early_and_finishes_in_a_thread", "forges_the_report_after_exit",
+             "reads_the_timers_memory"]
+    with DockerSandbox(image=PROBLEM.image, concurrency=2) as box:
+        verdicts = _evaluate_all(box, {"honest": CORRECT_TORCH, **{k: ATTACKS[k][0] for k in names}})
+    _judge(verdicts, names)
