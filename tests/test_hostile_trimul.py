@@ -114,3 +114,74 @@ def test_past_the_rules_no_attack_beats_the_honest_kernel_on_the_docker_backend(
     with DockerSandbox(image=PROBLEM.image, concurrency=2) as box:
         verdicts = _evaluate_all(box, {"honest": CORRECT_TORCH, **{k: ATTACKS[k][0] for k in names}})
     _judge(verdicts, names)
+
+
+# A kernel that leaves a grandchild behind (double fork, new session) to write a file after the run.
+_LINGERER = '''
+import os
+import time
+
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        time.sleep(3)
+        with open(MARKER, "w") as f:
+            f.write("outlived the run")
+    os._exit(0)
+os.wait()
+''' + CORRECT_TORCH
+
+_RUN_THE_TIMER = '''
+import json, os, sys, time
+program, job = sys.argv[1], json.loads(sys.argv[2])
+namespace = {"__name__": "timer"}
+exec(compile(open(program).read(), "timer", "exec"), namespace)
+report = namespace["main"](job)
+time.sleep(5)  # no sandbox here to kill what is left: only the timer's own cleanup can
+print(json.dumps({"error": report.get("error"), "rejected": report.get("rejected"), "calls": len(report["calls"])}))
+'''
+
+
+@pytest.mark.slow
+def test_the_timer_kills_everything_the_kernel_started_before_it_reports(tmp_path) -> None:
+    """The timer alone, outside any sandbox: a grandchild the kernel left behind is gone before the report."""
+    import json
+    import subprocess
+    import sys
+
+    from evaluators.kernels.trimul.problem import SAMPLING, SHAPES
+
+    marker = tmp_path / "marker"
+    program = tmp_path / "timer.py"
+    program.write_text(PROBLEM.driver_program)
+    shape = [s for s in SHAPES["tests"] if s["seqlen"] == 32][0]
+    job = {"device": "cpu", "source": f"MARKER = {str(marker)!r}\n" + _LINGERER, "kernel_program": PROBLEM.kernel_program,
+           "tests": [shape], "test_seeds": [[shape["seed"]]], "benchmarks": [], "timing": {}, **SAMPLING}
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    proc = subprocess.run([sys.executable, "-c", _RUN_THE_TIMER, str(program), json.dumps(job)], cwd=workdir,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary == {"error": None, "rejected": None, "calls": 1}, proc.stderr[-3000:]
+    assert not marker.exists()  # the grandchild was killed with the kernel process
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_no_attack_past_the_rules_beats_the_honest_kernel() -> None:
+    """Never run on this repository's CPU machines: the same attacks timed by the GPU half of the clock."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from evaluators.sandbox import sandbox_for
+
+    gpu = TriMulProblem(device="cuda")
+    box = sandbox_for(gpu, "auto")
+    honest = gpu.run_checks(CORRECT_TORCH, box, False)
+    assert honest.valid, honest.reason
+    for name, (source, _) in ATTACKS.items():
+        v = gpu.run_checks(source, box, False)
+        if OUTCOMES[name] == "timed":
+            assert v.reward <= honest.reward / NOT_FASTER, (name, v.reward, honest.reward)
+        else:
+            assert not v.valid and v.reward == 0.0, (name, v.reason)
