@@ -41,8 +41,9 @@ OUTCOMES = {
     "returns_a_cached_result": "checked output values are wrong",
     "reads_the_timers_memory": "timed",
 }
-# Forged figures are orders of magnitude off; real ones on a shared CPU vary by a few times.
-NOT_FASTER = 0.3
+# Forged figures are orders of magnitude off (a forged report says 0.001 µs, an unworked reply
+# about 0); real ones on a shared 2-core CPU, from two evaluations at once, vary up to 5 times.
+NOT_FASTER = 0.05
 
 
 def test_every_attack_has_an_expected_outcome() -> None:
