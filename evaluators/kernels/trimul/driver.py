@@ -1,167 +1,367 @@
-"""The driver: the program that runs one TriMul candidate inside the sandbox, in the candidate's process.
+"""The timer: the trusted process that times and samples one TriMul candidate (docs/method.md §5c, the two-process clock).
 
-Sent into the sandbox as source text after inputs.py (never imported by the host); the sandbox's
-harness calls `main(job)`. It never holds the reference: outputs leave this process as samples and
-are judged by the checker, another process (checker.py). What it does, in order:
+Sent into the sandbox as source text after inputs.py and handover.py (never imported by the host);
+the sandbox's harness calls `main(job)`. The candidate never runs here: it runs in the kernel
+process (kernel_process.py), a fresh interpreter this process starts, and everything that process
+says is untrusted. Whatever runs in the candidate's process can reach whatever that process holds,
+so the clock, the inputs' seeds, the output's judge and the report live where it cannot reach:
 
-1. Before any candidate code exists: a fresh Triton and Inductor cache inside the run's own
-   directory (no compiled kernel or autotuning result survives from another candidate), the GPU's
-   model checked against the pool's declared type (nothing is timed on the wrong GPU), and every
-   function it relies on captured (the clock, CUDA events, synchronise, os.urandom, the input
-   generators), with the Python threads that exist.
-2. The candidate imported from `submission.py`, as module `submission` (the driver's own module is
-   out of `sys.modules`). Then, around every call: the captured functions must be unchanged (no
-   patched clock, event, generator or tensor method), no evaluator module imported, no torch
-   function or dispatch mode active, no new Python thread, the same current CUDA stream; the inputs
-   must be unchanged afterwards; the output a plain strided float32 torch.Tensor of the right shape
-   on the right device (no subclass, no lazy or functional wrapper).
-3. Every call gets fresh inputs (new values from a new seed, new storage). After each call the
-   output is sampled at positions drawn from the OS's random source after the call returned (the
-   whole output where it is small), and x at other drawn positions; the samples go to the checker.
-4. On a GPU, per benchmark shape: a warm-up call, then timed calls, each after an L2 flush (a write
-   of twice the L2 size), timed with CUDA events on the stream current before the import and a
-   synchronise after, and by the host clock around the same region; the host time, less the cost
-   of an empty timed region, must agree with the events (work on another stream or thread shows in
-   the host time only). Then a batch of calls with one synchronise at its end, timed by the host
-   clock only, must agree with the events too. Calls stop after MAX_CALLS, or once the standard
-   error of the mean is under 0.1% of it, or after the shape's time budget (as the competition's
-   harness does).
+1. Before the kernel process exists: every module this process needs is imported, then it makes
+   itself non-dumpable (prctl PR_SET_DUMPABLE 0: a process of the same user can neither ptrace it
+   nor read its memory, its file descriptors or its environment through /proc) and a child
+   subreaper (PR_SET_CHILD_SUBREAPER: whatever the kernel process starts stays its descendant,
+   so it can kill all of it before its report is written).
+2. Every call gets fresh inputs, generated here from a seed drawn from the OS after the previous
+   call, into buffers the kernel process cannot see until they are handed over: on CPU new memfd
+   buffers passed over the socket (SCM_RIGHTS), on a GPU new CUDA allocations passed as CUDA IPC
+   handles. The output buffer is new too, filled with NaN.
+3. The clock starts, the buffers are handed over, the kernel process replies; this process then
+   copies the output buffer into its own memory (on a GPU: a device copy on its own stream and a
+   synchronise) and only then stops the clock. A reply sent before the output was written gives a
+   copy with the unwritten NaNs (the checker rejects it) or, where the copy had to wait for the
+   kernel's work, a time that includes the work. The median round trip of an empty call (the same
+   handover and copy, no kernel) is subtracted.
+4. After each call: the inputs compared bit for bit with the private copy kept here (in-place
+   writes), the copied output sampled at positions drawn after the copy, and the previous call's
+   output buffer compared with its copy (a write after the reply: the kernel replied before it
+   was done). The samples go to the checker, another process that computes the reference.
+5. On a GPU, per benchmark shape: a warm-up call, then timed calls, each after an L2 flush, until
+   MAX_CALLS, a standard error of the mean under 0.1% of it, or the shape's time budget (as the
+   competition's harness does). On CPU the same loop times the benchmark shapes the job names
+   (the CPU check's timing, which tests compare between kernels).
+6. At the end the kernel process and every process it started are killed before the report is
+   returned, so nothing the candidate started can write the run's output file afterwards.
 
-A candidate that subverts this process can forge what it reports about itself; that is why the
-rules are also checked before it runs (static_rules.py) and its outputs are judged elsewhere.
+The GPU half (CUDA IPC handover, device copy) follows the same protocol as the CPU half but has
+not been run on a GPU by the tests of this repository's CPU machines.
 """
 
 import base64
+import ctypes
+import mmap
 import os
+import pickle
+import signal
+import socket
+import subprocess
 import sys
-import threading
 import time
 import traceback
 
-ENTRY = "custom_kernel"
-HARNESS_PACKAGES = ("evaluators", "discover", "flows", "storage", "cli", "candidate")
+KERNEL_DIR = "kernel"  # the kernel process's working directory, inside the run's directory
+EMPTY_CALLS = 21  # empty round trips per benchmark shape; their median is subtracted
+PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER = 4, 36
 
 
 def _b64(array):
     return base64.b64encode(array.astype("<f4").tobytes()).decode("ascii")
 
 
-class Captured:
-    """What the driver relies on, taken before the candidate exists, and a check that none changed."""
+class Rejected(Exception):
+    """A rule the candidate broke while it ran; the message is its reason."""
 
-    def __init__(self, torch, numpy):
+
+class KernelFailed(Exception):
+    """The candidate raised, failed to import, or its process died; the message is its reason."""
+
+
+def become_untouchable():
+    """docs/method.md §5c: the timer's memory out of the kernel process's reach, and its descendants ours to kill."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0 or libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl failed: the timer cannot protect itself from the kernel process")
+
+
+def _children(pid):
+    """Pids of the live children of `pid` (from /proc)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2:].split()
+        if len(fields) > 1 and int(fields[1]) == pid:
+            found.append(int(entry))
+    return found
+
+
+def kill_descendants():
+    """Kill every process this one started and whatever they started (adopted here: we are a subreaper)."""
+    me = os.getpid()
+    for _ in range(1000):
+        children = _children(me)
+        if not children:
+            return True
+        for pid in children:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for pid in children:
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+    return False
+
+
+class KernelLink:
+    """The kernel process and the socket to it."""
+
+    def __init__(self, job, workdir, program):
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        kernel_dir = os.path.join(workdir, KERNEL_DIR)
+        os.makedirs(kernel_dir, exist_ok=True)
+        # Import-path entries kept open as /proc/self/fd/N by the harness must stay open in the child.
+        path_fds = [int(p.split("/")[-1]) for p in sys.path if p.startswith("/proc/self/fd/") and p.split("/")[-1].isdigit()]
+        # /proc/self/exe: this interpreter, even where its directory is closed to the sandbox's uid; its
+        # standard library comes from the same (inherited) descriptors, through PYTHONPATH.
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+        self.proc = subprocess.Popen(
+            ["/proc/self/exe", "-S", "-s", "-B", "-c", program, str(theirs.fileno())],
+            pass_fds=[theirs.fileno(), *path_fds], cwd=kernel_dir, env=env, stdin=subprocess.DEVNULL)
+        theirs.close()
+        self.sock = ours
+        self.next_id = 0
+        # No candidate code exists yet: it arrives with "load", after this process has closed itself off.
+        become_untouchable()
+        self.load_reply = self.request({"op": "load", "source": job["source"], "sys_path": list(sys.path),
+                                         "workdir": kernel_dir, "device": job["device"]})
+
+    def request(self, message, fds=()):
+        """Send one message and return the reply; a dead kernel process or a broken protocol raises KernelFailed."""
+        try:
+            send_message(self.sock, message, fds)  # noqa: F821 (handover.py precedes this text)
+            reply, got = receive_message(self.sock)  # noqa: F821
+        except (ProtocolError, OSError) as err:  # noqa: F821
+            code = self.proc.poll()
+            raise KernelFailed(f"the kernel process {'exited with code ' + str(code) if code is not None else 'broke the protocol'} "
+                               f"({err})") from None
+        for fd in got:  # nothing the kernel process sends is used; descriptors included
+            os.close(fd)
+        return reply
+
+    def call(self, message, fds=()):
+        self.next_id += 1
+        reply = self.request({**message, "op": "call", "id": self.next_id}, fds)
+        if reply.get("id") != self.next_id:
+            raise KernelFailed(f"the kernel process answered call {reply.get('id')!r} when call {self.next_id} was due "
+                               "(a reply out of turn: the protocol is broken)")
+        return reply
+
+    def close(self):
+        try:
+            send_message(self.sock, {"op": "exit"})  # noqa: F821
+            self.proc.wait(timeout=2)
+        except Exception:  # noqa: BLE001  (it is killed below either way)
+            pass
+        self.sock.close()
+        return kill_descendants()
+
+
+class CpuHandover:
+    """One call's buffers on CPU: inputs and output in memfd memory the kernel process sees only once handed over."""
+
+    def __init__(self, torch, numpy, data, out_shape):
+        x, mask, weights, config = data
+        self.np = numpy
+        self.tensors = {"x": x, "mask": mask, **{"w:" + k: v for k, v in weights.items()}}
+        self.layout, offset = [], 0
+        for name, t in self.tensors.items():
+            self.layout.append({"name": name, "dtype": str(t.dtype).replace("torch.", ""), "shape": list(t.shape),
+                                "offset": offset, "buffer": 0})
+            offset += (t.numel() * t.element_size() + 63) // 64 * 64
+        self.in_fd, self.inputs = self._buffer("trimul-inputs", max(offset, 64))
+        self.private = {}
+        for entry, (name, t) in zip(self.layout, self.tensors.items()):
+            raw = t.contiguous().numpy().tobytes()
+            self.inputs[entry["offset"]:entry["offset"] + len(raw)] = raw
+            self.private[name] = (entry["offset"], raw)
+        count = 1
+        for d in out_shape:
+            count *= d
+        self.out_shape = tuple(out_shape)
+        self.out_fd, self.output = self._buffer("trimul-output", count * 4)
+        self.output[:] = numpy.full(count, numpy.nan, dtype="<f4").tobytes()
+        self.layout.append({"name": "out", "dtype": "float32", "shape": list(out_shape), "offset": 0, "buffer": 1})
         self.torch = torch
-        watched = {
-            "time.perf_counter": (time, "perf_counter"), "time.perf_counter_ns": (time, "perf_counter_ns"),
-            "time.time": (time, "time"), "time.monotonic": (time, "monotonic"), "os.urandom": (os, "urandom"),
-            "threading.enumerate": (threading, "enumerate"),
-            "numpy.random.default_rng": (numpy.random, "default_rng"),
-            "torch.Tensor": (torch, "Tensor"), "torch.Generator": (torch, "Generator"),
-            "torch.randn": (torch, "randn"), "torch.rand": (torch, "rand"), "torch.randint": (torch, "randint"),
-            "torch.ones": (torch, "ones"), "torch.tan": (torch, "tan"), "torch.equal": (torch, "equal"),
-            "torch.empty": (torch, "empty"), "torch.as_tensor": (torch, "as_tensor"),
-            "torch.cuda.synchronize": (torch.cuda, "synchronize"), "torch.cuda.Event": (torch.cuda, "Event"),
-            "torch.cuda.current_stream": (torch.cuda, "current_stream"), "torch.cuda.Stream": (torch.cuda, "Stream"),
-            "torch.cuda.Event.record": (torch.cuda.Event, "record"),
-            "torch.cuda.Event.elapsed_time": (torch.cuda.Event, "elapsed_time"),
-            "torch.cuda.Event.synchronize": (torch.cuda.Event, "synchronize"),
-        }
-        for method in ("__getitem__", "cpu", "numpy", "clone", "reshape", "contiguous", "to", "zero_", "detach",
-                       "view", "sum", "__mul__", "__add__", "__sub__", "__truediv__", "unsqueeze"):
-            watched[f"torch.Tensor.{method}"] = (torch.Tensor, method)
-        self.watched = watched
-        self.snapshot = {name: getattr(owner, attr) for name, (owner, attr) in watched.items()}
-        self.code = {name: getattr(obj, "__code__", None) for name, obj in self.snapshot.items()}
-        self.threads = {t.ident for t in threading.enumerate()}
-        self.enumerate_threads = threading.enumerate
-        self.modes = (getattr(torch._C, "_len_torch_function_stack", None), getattr(torch._C, "_len_torch_dispatch_stack", None))
+        self.copy = None
 
-    def violation(self):
-        """Why the process is no longer the one the driver set up, or ""."""
-        for name, (owner, attr) in self.watched.items():
-            now = getattr(owner, attr, None)
-            if now is not self.snapshot[name] or getattr(now, "__code__", None) is not self.code[name]:
-                return f"it replaced {name} (patching the clock, the events, the input generators or tensors is not allowed)"
-        loaded = sorted(m for m in sys.modules if m.split(".")[0] in HARNESS_PACKAGES)
-        if loaded:
-            return f"it imported {loaded[0]}, a module of the evaluator (the reference and the harness are off limits)"
-        for count in self.modes:
-            if count is not None and count() != 0:
-                return "a torch function or dispatch mode is active after the call (lazy evaluation is not allowed)"
-        new = [t.name for t in self.enumerate_threads() if t.ident not in self.threads and t.is_alive()]
-        if new:
-            return f"it started a thread ({new[0]}); work on other threads escapes the timing and is not allowed"
+    @staticmethod
+    def _buffer(name, size):
+        fd = os.memfd_create(name, os.MFD_CLOEXEC)
+        os.ftruncate(fd, size)
+        return fd, mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+
+    def message(self):
+        return {"layout": self.layout}
+
+    def fds(self):
+        return (self.in_fd, self.out_fd)
+
+    def handed_over(self):
+        for fd in (self.in_fd, self.out_fd):
+            os.close(fd)
+
+    def take_output(self):
+        """This process's own copy of the output buffer, made as soon as the reply came."""
+        self.copy = bytes(self.output)
+
+    def output_tensor(self):
+        return self.torch.frombuffer(bytearray(self.copy), dtype=self.torch.float32).view(self.out_shape)
+
+    def shared_x(self):
+        entry = self.layout[0]
+        return self.torch.frombuffer(self.inputs, dtype=self.torch.float32, count=len(self.private["x"][1]) // 4,
+                                     offset=entry["offset"]).view(entry["shape"])
+
+    def mutated(self):
+        for name, (offset, raw) in self.private.items():
+            if self.inputs[offset:offset + len(raw)] != raw:
+                return name.removeprefix("w:")
         return ""
 
+    def written_late(self):
+        return self.copy is not None and bytes(self.output) != self.copy
 
-def _os_threads():
-    try:
-        return len(os.listdir("/proc/self/task"))
-    except OSError:
-        return 0
+    def release(self):
+        self.inputs.close()
+        self.output.close()
 
 
-class Driver:
-    def __init__(self, job, torch, numpy, inputs):
-        self.job, self.torch, self.np, self.generate = job, torch, numpy, inputs
+class CudaHandover:
+    """One call's buffers on a GPU: fresh CUDA allocations handed over as CUDA IPC handles (never run here)."""
+
+    def __init__(self, torch, numpy, data, out_shape):
+        from torch.multiprocessing.reductions import reduce_tensor
+
+        x, mask, weights, config = data
+        self.torch = torch
+        self.tensors = {"x": x, "mask": mask, **{"w:" + k: v for k, v in weights.items()}}
+        self.private = {name: t.clone() for name, t in self.tensors.items()}
+        self.out = torch.full(tuple(out_shape), float("nan"), dtype=torch.float32, device="cuda")
+        torch.cuda.synchronize()
+        shared = {**self.tensors, "out": self.out}
+        self.handles = base64.b64encode(pickle.dumps({n: reduce_tensor(t) for n, t in shared.items()})).decode("ascii")
+        self.copy = None
+
+    def message(self):
+        return {"handles": self.handles}
+
+    def fds(self):
+        return ()
+
+    def handed_over(self):
+        pass
+
+    def take_output(self):
+        """A device copy on this process's stream, then a synchronise: it reads what is there now."""
+        self.copy = self.out.clone()
+        self.torch.cuda.synchronize()
+
+    def output_tensor(self):
+        return self.copy
+
+    def shared_x(self):
+        return self.tensors["x"]
+
+    def mutated(self):
+        for name, before in self.private.items():
+            now = self.tensors[name]
+            bits = (lambda t: t.view(self.torch.int32)) if now.dtype == self.torch.float32 else (lambda t: t)
+            if not self.torch.equal(bits(now), bits(before)):
+                return name.removeprefix("w:")
+        return ""
+
+    def written_late(self):
+        self.torch.cuda.synchronize()
+        return self.copy is not None and not self.torch.equal(self.out.view(self.torch.int32), self.copy.view(self.torch.int32))
+
+    def release(self):
+        self.tensors = self.private = self.out = self.copy = None
+
+
+class Timer:
+    def __init__(self, job, torch, numpy, inputs, link):
+        self.job, self.torch, self.np, self.generate, self.link = job, torch, numpy, inputs, link
         self.device = job["device"]
         self.calls = []
-        self.captured = Captured(torch, numpy)
-        self.urandom = os.urandom
-        self.perf_ns = time.perf_counter_ns
-        self.equal = torch.equal
+        self.pending = None  # the previous call's buffers: checked for writes after its reply
+        self.Handover = CudaHandover if self.device == "cuda" else CpuHandover
         if self.device == "cuda":
-            C = torch._C
-            self.sync = C._cuda_synchronize
-            self.stream = torch.cuda.current_stream()
-            self.start, self.end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            self.record = C._CudaEventBase.record
-            self.elapsed = C._CudaEventBase.elapsed_time
             l2 = int(getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0) or 0)
             self.flush_buffer = torch.empty(max(2 * l2, 256 << 20) // 4, dtype=torch.float32, device="cuda")
+            self.sync = torch.cuda.synchronize
         else:
+            self.flush_buffer = None
             self.sync = lambda: None
 
-    # -- one call ------------------------------------------------------------------------------
-
     def fresh_seed(self):
-        return int.from_bytes(self.urandom(6), "little")
+        return int.from_bytes(os.urandom(6), "little")
 
-    def snapshot(self, data):
-        x, mask, weights, config = data
-        return (x.clone(), mask.clone(), {k: v.clone() for k, v in weights.items()}, dict(config), dict(weights))
+    def handover(self, shape, seed):
+        data = self.generate(**{**shape, "seed": seed}, device=self.device)
+        out_shape = (shape["bs"], shape["seqlen"], shape["seqlen"], shape["dim"])
+        return self.Handover(self.torch, self.np, data, out_shape), data[3]
 
-    def mutated(self, data, snap):
-        x, mask, weights, config = data
-        sx, smask, sw, sconfig, sitems = snap
-        if dict(config) != sconfig or set(weights) != set(sitems) or any(weights[k] is not v for k, v in sitems.items()):
-            return "it changed its inputs (the config or weights dictionary)"
-        for name, now, before in [("x", x, sx), ("mask", mask, smask)] + [(k, weights[k], sw[k]) for k in sw]:
-            if now.shape != before.shape or not self.equal(now, before):
-                return f"it mutated its input `{name}` in place (inputs must be left as they were given)"
-        return ""
+    def round_trip(self, hand, config, empty, timed):
+        """(ms from handing the buffers over to holding a copy of the output, the reply)."""
+        if timed and self.flush_buffer is not None:
+            self.flush_buffer.zero_()  # evict L2: the inputs come from memory, as in real use
+        self.sync()
+        t0 = time.perf_counter_ns()
+        try:
+            reply = self.link.call({**hand.message(), "config": config, "empty": empty}, hand.fds())
+        finally:
+            hand.handed_over()
+        hand.take_output()  # docs/method.md §5c, the two-process clock: it stops once the output is ours
+        ms = (time.perf_counter_ns() - t0) / 1e6
+        return ms, reply
 
-    def validate_output(self, out, shape):
-        torch = self.torch
-        if type(out) is not torch.Tensor:
-            return f"it returned a {type(out).__module__}.{type(out).__qualname__}, not a plain torch.Tensor (tensor subclasses and lazy tensors are rejected)"
-        if out.layout != torch.strided or out.is_meta:
-            return f"it returned a tensor with layout {out.layout}{' on meta' if out.is_meta else ''}; a strided tensor with its values is required"
-        functorch = getattr(getattr(torch._C, "_functorch", None), "is_functorch_wrapped_tensor", None)
-        functional = getattr(torch, "_is_functional_tensor", None)
-        if (functorch is not None and functorch(out)) or (functional is not None and functional(out)):
-            return "it returned a functional or functorch-wrapped tensor (lazy tensors are rejected)"
-        if out.device.type != self.device:
-            return f"it returned a tensor on {out.device}; the output must be on {self.device}"
-        if out.dtype != torch.float32:
-            return f"it returned dtype {str(out.dtype).replace('torch.', '')}; float32 is required"
-        expected = (shape["bs"], shape["seqlen"], shape["seqlen"], shape["dim"])
-        if tuple(out.shape) != expected:
-            return f"it returned shape {list(out.shape)}; expected {list(expected)}"
-        return ""
+    def check_late_writes(self):
+        if self.pending is not None:
+            hand, label = self.pending
+            self.pending = None
+            late = hand.written_late()
+            hand.release()
+            if late:
+                raise Rejected(f"{label}: the output buffer changed after the kernel process replied (it replied before "
+                               "its work was done; the time would have missed it)")
+
+    def call(self, where, shape, seed, kind, timed=False, overhead_ms=0.0):
+        """One call on fresh inputs (a fresh seed when `seed` is None); returns its record, or raises."""
+        set_name, shape_index = where
+        seed = self.fresh_seed() if seed is None else int(seed)
+        label = f"{kind} call on {set_name} shape {shape_index}"
+        hand, config = self.handover(shape, seed)
+        host_ms, reply = self.round_trip(hand, config, empty=False, timed=timed)
+        if reply.get("rejected"):
+            raise Rejected(f"{label}: {reply['rejected']}")
+        if reply.get("error"):
+            raise KernelFailed(str(reply["error"])[:600])
+        if reply.get("done") is not True:
+            raise KernelFailed(f"{label}: the kernel process sent a reply that is neither done nor an error")
+        self.check_late_writes()
+        changed = hand.mutated()
+        if changed:
+            raise Rejected(f"{label}: it mutated its input `{changed}` in place (inputs must be left as they were given)")
+        pos_seed, full, values, x_values = self.sample(hand.output_tensor(), hand.shared_x(), kind in ("test", "check"))
+        self.pending = (hand, label)
+        ms = host_ms - overhead_ms if timed else None
+        if timed and ms <= 0:
+            raise Rejected(f"{label}: the kernel process answered in {host_ms:.4f} ms, no slower than an empty call "
+                           f"({overhead_ms:.4f} ms): it replied without running the kernel")
+        record = {"kind": kind, "set": set_name, "shape": shape_index, "seed": seed, "pos_seed": pos_seed, "full": full,
+                  "values": values, "x_values": x_values, "ms": ms, "host_ms": host_ms}
+        self.calls.append(record)
+        return record
 
     def sample(self, out, x, test):
-        """(pos_seed, full, values, x_values): positions drawn now, after the call returned."""
+        """(pos_seed, full, values, x_values): positions drawn now, after the output was copied."""
         torch, np = self.torch, self.np
         pos_seed = self.fresh_seed()
         rng = np.random.default_rng(pos_seed)
@@ -169,153 +369,51 @@ class Driver:
         full = numel <= self.job["full_check_elements"]
         with torch.no_grad():
             if full:
-                values = out.detach().reshape(-1).cpu().numpy()
+                values = out.reshape(-1).cpu().numpy()
             else:
                 flat = rng.integers(0, numel, self.job["sample_elements"]["test" if test else "timed"])
                 idx = [torch.as_tensor(a, device=out.device) for a in np.unravel_index(flat, tuple(out.shape))]
-                values = out.detach()[tuple(idx)].cpu().numpy()
+                values = out[tuple(idx)].cpu().numpy()
             x_flat = rng.integers(0, x.numel(), self.job["x_sample_elements"])
             x_idx = [torch.as_tensor(a, device=x.device) for a in np.unravel_index(x_flat, tuple(x.shape))]
             x_values = x[tuple(x_idx)].cpu().numpy()
         return pos_seed, full, _b64(values), _b64(x_values)
 
-    def call(self, fn, where, shape, seed, kind, timed=False):
-        """One call on fresh inputs (a fresh seed when `seed` is None); returns its record, or raises Rejected."""
-        set_name, shape_index = where
-        seed = self.fresh_seed() if seed is None else int(seed)
-        data = self.generate(**{**shape, "seed": seed}, device=self.device)
-        snap = self.snapshot(data)
-        stream_before = self.torch.cuda.current_stream() if self.device == "cuda" else None
-        host_ms = ms = None
-        if timed:
-            self.flush_buffer.zero_()  # evict L2: the inputs come from memory, as in real use
-            self.sync()
-            h0 = self.perf_ns()
-            self.record(self.start, self.stream)
-            out = fn(data)
-            self.record(self.end, self.stream)
-            self.sync()
-            host_ms = (self.perf_ns() - h0) / 1e6
-            ms = self.elapsed(self.start, self.end)
-        else:
-            self.sync()
-            out = fn(data)
-            self.sync()
-        why = self.captured.violation() or self.validate_output(out, shape)
-        if not why and stream_before is not None and self.torch.cuda.current_stream() != stream_before:
-            why = "it changed the current CUDA stream (work on other streams escapes the timing)"
-        if why:
-            raise Rejected(f"{kind} call on {set_name} shape {shape_index}: {why}")
-        pos_seed, full, values, x_values = self.sample(out, data[0], kind in ("test", "check"))
-        why = self.mutated(data, snap)
-        if why:
-            raise Rejected(f"{kind} call on {set_name} shape {shape_index}: {why}")
-        record = {"kind": kind, "set": set_name, "shape": shape_index, "seed": seed, "pos_seed": pos_seed, "full": full,
-                  "values": values, "x_values": x_values, "ms": ms, "host_ms": host_ms}
-        self.calls.append(record)
-        return record
+    def empty_round_trip_ms(self, shape):
+        """The median round trip of an empty call: the same handover and output copy, no kernel."""
+        trips = []
+        for _ in range(EMPTY_CALLS):
+            hand, config = self.handover(shape, self.fresh_seed())
+            ms, reply = self.round_trip(hand, config, empty=True, timed=True)
+            hand.release()
+            if reply.get("done") is not True:
+                raise KernelFailed(f"the kernel process did not answer an empty call ({str(reply)[:200]})")
+            trips.append(ms)
+        return sorted(trips)[len(trips) // 2]
 
-    # -- timing of one benchmark shape ----------------------------------------------------------
-
-    def empty_region_ms(self):
-        """The host clock's overhead around an empty event-timed region (median of 21)."""
-        gaps = []
-        for _ in range(21):
-            self.sync()
-            h0 = self.perf_ns()
-            self.record(self.start, self.stream)
-            self.record(self.end, self.stream)
-            self.sync()
-            gaps.append((self.perf_ns() - h0) / 1e6 - self.elapsed(self.start, self.end))
-        return sorted(gaps)[len(gaps) // 2]
-
-    def flush_ms(self):
-        times = []
-        for _ in range(5):
-            self.sync()
-            self.record(self.start, self.stream)
-            self.flush_buffer.zero_()
-            self.record(self.end, self.stream)
-            self.sync()
-            times.append(self.elapsed(self.start, self.end))
-        return sorted(times)[2]
-
-    def benchmark(self, fn, index, shape):
+    def benchmark(self, index, shape):
         t = self.job["timing"]
         where = ("benchmarks", index)
-        self.call(fn, where, shape, shape["seed"], "warmup")
-        overhead = self.empty_region_ms()
-        threads = _os_threads()
-        times, host = [], []
+        self.call(where, shape, shape["seed"], "warmup")
+        self.check_late_writes()
+        overhead = self.empty_round_trip_ms(shape)
+        times = []
         started = time.monotonic()
         while len(times) < t["max_calls"]:
-            rec = self.call(fn, where, shape, None, "timed", timed=True)
-            if _os_threads() > threads:
-                raise Rejected(f"timed call on benchmarks shape {index}: it started a thread during the call")
+            rec = self.call(where, shape, None, "timed", timed=True, overhead_ms=overhead)
             times.append(rec["ms"])
-            host.append(rec["host_ms"])
             n = len(times)
             if n >= t["min_calls"]:
                 mean = sum(times) / n
                 std = (sum((v - mean) ** 2 for v in times) / (n - 1)) ** 0.5
-                if std / n ** 0.5 < t["rel_err"] * mean or sum(times) > 1e3 * t["kernel_budget_s"] or time.monotonic() - started > t["wall_budget_s"]:
+                if std / n ** 0.5 < t["rel_err"] * abs(mean) or sum(times) > 1e3 * t["kernel_budget_s"] or time.monotonic() - started > t["wall_budget_s"]:
                     break
+        self.check_late_writes()
         n = len(times)
         mean = sum(times) / n
-        host_mean = sum(host) / n - overhead
-        limit = t["host_ratio"] * mean + t["host_slack_ms"]
-        if host_mean > limit:
-            raise Rejected(
-                f"benchmarks shape {index}: the host clock saw {host_mean:.4f} ms per call around a synchronise, the CUDA "
-                f"events {mean:.4f} ms: work ran outside the timed stream (another stream or thread)")
-        batch_ms, flush = self.batch(fn, index, shape, t["batch_calls"])
-        if batch_ms - flush > limit:
-            raise Rejected(
-                f"benchmarks shape {index}: a synchronised batch took {batch_ms - flush:.4f} ms per call by the host clock, "
-                f"the CUDA events {mean:.4f} ms per call: work escaped the timed stream")
         std = (sum((v - mean) ** 2 for v in times) / (n - 1)) ** 0.5 if n > 1 else 0.0
         return {"shape": index, "calls": n, "mean_ms": mean, "std_ms": std, "best_ms": min(times),
-                "worst_ms": max(times), "host_ms": host_mean, "empty_region_ms": overhead,
-                "batch_ms": batch_ms, "flush_ms": flush}
-
-    def batch(self, fn, index, shape, count):
-        """Host-clock time per call of `count` calls on fresh inputs with one synchronise at the end."""
-        seeds = [self.fresh_seed() for _ in range(count)]
-        datas = [self.generate(**{**shape, "seed": seed}, device=self.device) for seed in seeds]
-        flush = self.flush_ms()
-        self.sync()
-        h0 = self.perf_ns()
-        out = None
-        for data in datas:
-            self.flush_buffer.zero_()
-            out = fn(data)
-        self.sync()
-        per_call = (self.perf_ns() - h0) / 1e6 / count
-        why = self.captured.violation() or self.validate_output(out, shape)
-        if why:
-            raise Rejected(f"batch call on benchmarks shape {index}: {why}")
-        # Only the last output is checked: a kernel may legitimately reuse its output buffer.
-        pos_seed, full, values, x_values = self.sample(out, datas[-1][0], False)
-        self.calls.append({"kind": "batch", "set": "benchmarks", "shape": index, "seed": seeds[-1], "pos_seed": pos_seed, "full": full,
-                           "values": values, "x_values": x_values, "ms": None, "host_ms": per_call})
-        return per_call, flush
-
-
-class Rejected(Exception):
-    """A rule the candidate broke while it ran; the message is its reason."""
-
-
-def _load_submission(source, workdir):
-    import importlib.util
-
-    path = os.path.join(workdir, "submission.py")
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(source)
-    spec = importlib.util.spec_from_file_location("submission", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["submission"] = module
-    spec.loader.exec_module(module)
-    return module
+                "worst_ms": max(times), "empty_round_trip_ms": overhead}
 
 
 def _error(prefix, err):
@@ -338,16 +436,18 @@ def main(job):
     })
     if job["device"] == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"  # Triton's interpreter runs the kernels on CPU tensors
-    sys.modules.pop("candidate", None)  # this module: out of the candidate's reach by import
+    from importlib.metadata import version
+
     import numpy
     import torch
-    import triton
 
-    report = {"versions": {"torch": torch.__version__, "triton": triton.__version__, "python": sys.version.split()[0]},
+    report = {"versions": {"torch": torch.__version__, "triton": version("triton"), "python": sys.version.split()[0]},
               "triton_cache_dir": os.environ["TRITON_CACHE_DIR"], "calls": [], "benchmarks": []}
     if job["device"] == "cuda":
         if not torch.cuda.is_available():
             return {**report, "error": "no CUDA device is visible inside the sandbox (is the GPU device request working?)"}
+        import torch.multiprocessing.reductions  # noqa: F401  (imported before the timer closes itself off)
+
         props = torch.cuda.get_device_properties(0)
         report["gpu"] = {"name": props.name, "memory_bytes": int(props.total_memory),
                          "sm_count": int(props.multi_processor_count), "capability": f"{props.major}.{props.minor}"}
@@ -355,26 +455,42 @@ def main(job):
         if declared and declared.lower() not in props.name.lower():
             return {**report, "wrong_gpu": True,
                     "error": f"the GPU is {props.name}, but the pool declares {declared}; nothing was timed"}
-    driver = Driver(job, torch, numpy, generate_input)  # noqa: F821  (inputs.py precedes this text)
+    numpy.random.default_rng(0).integers(0, 2, 2)  # load what sampling needs before closing off
+    result = run_kernel(job, report, torch, numpy, workdir)
+    if not kill_descendants():
+        return {**report, "calls": [], "error": "processes the kernel started could not all be killed; nothing it reported is used"}
+    return result
+
+
+def run_kernel(job, report, torch, numpy, workdir):
+    """The kernel process started, loaded, called on every test and benchmark shape, and closed: the report."""
+    link = None
     try:
-        module = _load_submission(job["source"], workdir)
-        fn = getattr(module, ENTRY, None)
-        if not callable(fn):
-            return {**report, "error": f"the kernel defines no function `{ENTRY}(data)`"}
-    except BaseException as err:  # noqa: BLE001  (SystemExit too: the module never finished loading)
-        return {**report, **_error("the kernel failed to import", err)}
-    report["calls"] = driver.calls
-    why = driver.captured.violation()
-    if why:
-        return {**report, "rejected": f"at import: {why}"}
-    try:
+        link = KernelLink(job, workdir, job["kernel_program"])  # becomes untouchable once the process exists
+        reply = link.load_reply
+        if reply.get("error"):
+            return {**report, "error": str(reply["error"])[:600]}
+        if reply.get("rejected"):
+            return {**report, "rejected": str(reply["rejected"])[:600]}
+        if reply.get("ok") is not True:
+            return {**report, "error": "the kernel process did not confirm that the kernel loaded"}
+        timer = Timer(job, torch, numpy, generate_input, link)  # noqa: F821  (inputs.py precedes this text)
+        report["calls"] = timer.calls
         for i, shape in enumerate(job["tests"]):
             for j, seed in enumerate(job["test_seeds"][i]):  # None: a fresh seed (a repeat on new inputs)
-                driver.call(fn, ("tests", i), shape, seed, "test" if j == 0 else "check")
+                timer.call(("tests", i), shape, seed, "test" if j == 0 else "check")
         for i, shape in enumerate(job["benchmarks"]):
-            report["benchmarks"].append(driver.benchmark(fn, i, shape))
+            report["benchmarks"].append(timer.benchmark(i, shape))
+        link.close()
+        link = None
+        timer.check_late_writes()  # the kernel process is gone: whatever it left in the last buffer is final
+        return report
     except Rejected as err:
         return {**report, "rejected": str(err)}
+    except KernelFailed as err:
+        return {**report, "error": str(err)}
     except BaseException as err:  # noqa: BLE001
-        return {**report, **_error("the kernel raised", err)}
-    return report
+        return {**report, **_error("the timer failed", err)}
+    finally:
+        if link is not None:
+            link.close()

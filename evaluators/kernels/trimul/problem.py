@@ -6,13 +6,15 @@ One evaluation, on a machine with a GPU:
 1. static_rules.py reads the source; a broken rule is the reason for 0 before anything runs.
 2. One GPU is leased (evaluators/sandbox/gpus.py) and its model checked against the declared type
    (the pool's DISCOVER_GPU_TYPE, else the problem's `gpu_type`) before anything is timed.
-3. The driver (driver.py) runs the candidate in the sandbox on that GPU, a call per test shape,
-   with the run-time rules; it sends out samples of every output.
+3. The timer (driver.py) runs in the sandbox on that GPU and starts the kernel process
+   (kernel_process.py), the only process that runs the candidate; it hands fresh inputs over as
+   its clock starts, copies the output itself, and sends out samples of every output
+   (docs/method.md §5c, the two-process clock).
 4. The checker (checker.py), trusted code in another sandbox run on the same GPU that never imports
    the candidate, regenerates every call's inputs, computes the reference and judges the samples.
    Only a kernel correct on every test shape goes on to be timed: a second driver run does, per
-   benchmark shape, a warm-up, timed calls and a synchronised batch, all on fresh inputs and all
-   sampled, and the checker judges those too.
+   benchmark shape, a warm-up, empty round trips (subtracted) and timed calls, all on fresh inputs
+   and all sampled, and the checker judges those too.
 5. verdict.py checks the driver's report, the roofline floors (roofline.py) and scores it.
 
 Without a GPU (or with `device: cpu`) steps 3 and 4 run on the CPU under Triton's interpreter, on
@@ -60,9 +62,10 @@ SAMPLING = {
 }
 TIMING = {  # per benchmark shape, as the competition's harness: until the standard error is 0.1% of the mean
     "max_calls": 100, "min_calls": 3, "rel_err": 0.001, "kernel_budget_s": 10.0, "wall_budget_s": 30.0,
-    "host_ratio": 1.25, "host_slack_ms": 0.05,  # host clock vs CUDA events: allowed ratio and slack
-    "batch_calls": 5,
 }
+# The CPU check's timing (`cpu_timing=True`): the two-process clock on CPU, on the first CPU test
+# shape, so that tests can compare what kernels get from it; never a reward.
+CPU_TIMING = {"max_calls": 5, "min_calls": 3, "rel_err": 0.001, "kernel_budget_s": 20.0, "wall_budget_s": 30.0}
 
 
 def _installed(package: str) -> str:
@@ -87,12 +90,14 @@ class TriMulProblem(BaseProblem):
         memory_mb: int = PAPER_LIMITS["memory_mb"],
         cpus: int = PAPER_LIMITS["cpus"],
         leases: GpuLeases | None = None,
+        cpu_timing: bool = False,
     ):
         if device not in ("auto", "cuda", "cpu"):
             raise ValueError(f"device must be 'auto', 'cuda' or 'cpu', got {device!r}")
         self.gpu_type = gpu_type
         self.device = device
         self.leases = leases or GPU_LEASES
+        self.cpu_timing = cpu_timing
         self.limits = SandboxLimits(
             timeout_s=timeout_s, memory_mb=memory_mb, cpus=cpus, max_output_bytes=MAX_OUTPUT_BYTES, max_processes=256,
             limit_address_space=False,
@@ -182,16 +187,20 @@ class TriMulProblem(BaseProblem):
     def _cpu_check(self, source: str, sandbox: Any) -> EvalResult:
         tests = [s for s in SHAPES["tests"] if s["seqlen"] == CPU_SEQLEN]
         seeds = [[s["seed"], None] if i == 0 else [s["seed"]] for i, s in enumerate(tests)]
-        job = {"device": "cpu", "source": source, "tests": tests, "test_seeds": seeds, "benchmarks": [],
-               "timing": TIMING, **SAMPLING}
+        job = {"device": "cpu", "source": source, "kernel_program": self.kernel_program, "tests": tests,
+               "test_seeds": seeds, "benchmarks": tests[:1] if self.cpu_timing else [], "timing": CPU_TIMING, **SAMPLING}
         limits = dataclasses.replace(self.limits, limit_address_space=True)  # no CUDA: RLIMIT_AS holds
         report, _, rejected = self._phase(job, sandbox, "cpu", limits)
         if rejected:
             return rejected
-        calls = len(report["calls"])
+        calls = sum(1 for c in report["calls"] if c["set"] == "tests")
+        metrics = {"cpu_check_calls": float(calls)}
+        if job["benchmarks"]:  # the CPU clock's figures, for comparing kernels; never a reward
+            timed = [c["ms"] for c in report["calls"] if c["kind"] == "timed"]
+            metrics.update({"cpu_mean_us": 1e3 * sum(timed) / len(timed), "cpu_best_us": 1e3 * min(timed)})
         return EvalResult(
             reward=0.0, valid=False, reason=f"correct on the CPU check ({calls} calls under Triton's interpreter), but {NO_GPU}",
-            metrics={"cpu_check_calls": float(calls)}, observation=report["logs"],
+            metrics=metrics, observation=report["logs"],
         )
 
     def _phase(
@@ -220,7 +229,8 @@ class TriMulProblem(BaseProblem):
                 return EvalResult.invalid(
                     f"the GPU here is {gpu.name}, but {declared} is declared ({GPU_TYPE_ENV} or gpu_type); nothing was "
                     f"timed: run on a {declared} or correct the pool's declaration")
-            base = {"device": "cuda", "source": source, "gpu_type": declared, "timing": TIMING, **SAMPLING}
+            base = {"device": "cuda", "source": source, "kernel_program": self.kernel_program, "gpu_type": declared,
+                    "timing": TIMING, **SAMPLING}
             tests = {**base, "tests": SHAPES["tests"], "test_seeds": [[s["seed"]] for s in SHAPES["tests"]], "benchmarks": []}
             _, _, rejected = self._phase(tests, sandbox, gpu.index)
             if rejected:
@@ -233,8 +243,13 @@ class TriMulProblem(BaseProblem):
 
     @cached_property
     def driver_program(self) -> str:
-        """inputs.py and driver.py: what runs in the candidate's process."""
-        return "\n\n".join((HERE / f).read_text() for f in ("inputs.py", "driver.py"))
+        """inputs.py, handover.py and driver.py: the timer, which never runs the candidate (§5c, the two-process clock)."""
+        return "\n\n".join((HERE / f).read_text() for f in ("inputs.py", "handover.py", "driver.py"))
+
+    @cached_property
+    def kernel_program(self) -> str:
+        """handover.py and kernel_process.py: the candidate's own process, started by the timer."""
+        return "\n\n".join((HERE / f).read_text() for f in ("handover.py", "kernel_process.py"))
 
     @cached_property
     def checker_program(self) -> str:

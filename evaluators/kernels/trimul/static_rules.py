@@ -1,55 +1,40 @@
-"""Rules a kernel's source must keep before it runs at all (docs/method.md §5c, the reward hacks), read from
-its syntax tree on the host; the first broken rule is the candidate's reason for reward 0.
+"""Rules a kernel's source must keep before it runs at all (docs/method.md §5c, the allow-list), read from
+its syntax tree on the host; every broken rule is listed, the first is the candidate's reason for reward 0.
 
-The candidate shares its process with the driver that times it, so everything that process
-reports could be forged by code that reaches the driver or the libraries it relies on. These rules
-deny the means: introspection (frames, globals, `__dict__`, gc, sys, inspect), native code (ctypes,
-C++ extensions, pickle), replacing library attributes (a clock, an event, a reference), tensor
-subclasses and torch function or dispatch modes (lazy tensors), extra streams and threads. What
-they allow is what a kernel needs: torch, triton, numpy and a few pure standard-library modules,
-setting torch's backend and compiler flags, and attributes of its own objects. The driver checks
-the same things again at run time (driver.py), and outputs are judged in another process.
+An allow-list, not a deny-list: a kernel may import only torch, torch.nn(.functional), triton,
+triton.language, math and typing; may use of each module only the names allowed_names.py lists
+(so `torch.os`, `torch.sys`, `typing.sys` and every other accidental re-export is refused without
+being named); may name a module only at the start of an attribute chain (never pass `torch` around
+as a value, where a rule could not follow it); may call only the listed builtins (no getattr,
+setattr, eval, exec, compile, open, __import__, globals, vars, locals, dir, breakpoint); may use
+no name or attribute starting with "_" (dunders, privates); may not subclass torch.Tensor, define
+__torch_function__ or other special methods, or assign attributes of library objects (only the
+backend precision flags). Each refusal names the construct and its line.
+
+These rules are the second line. The first is the clock (driver.py): the candidate runs in a
+process of its own, timed from a process it cannot reach, and its output is judged elsewhere, so
+what slips past the rules can still only spend its own time.
 """
 
 from __future__ import annotations
 
 import ast
+import threading
 
-# Top-level modules a kernel may import.
-ALLOWED_IMPORTS = frozenset(
-    {"torch", "triton", "numpy", "math", "functools", "itertools", "collections", "operator", "typing",
-     "dataclasses", "enum", "abc", "contextlib", "warnings", "__future__"}
+from evaluators.kernels.trimul.allowed_names import (
+    ASSIGNABLE_MODULES,
+    BUILTINS,
+    DANGEROUS_BUILTINS,
+    DUNDER_DEFINITIONS,
+    IMPORTABLE,
+    MODULE_NAMES,
+    OBJECT_ATTRIBUTES_REFUSED,
 )
-# Attribute chains a kernel may assign to: flags of torch's backends and compilers.
-ASSIGNABLE_PREFIXES = ("torch.backends.", "torch._dynamo.config.", "torch._inductor.config.", "torch._functorch.config.")
-# Builtins that read or write what is not the kernel's own, or run code the rules never saw.
-DENIED_NAMES = frozenset(
-    {"eval", "exec", "compile", "__import__", "globals", "locals", "vars", "open", "setattr", "delattr",
-     "breakpoint", "input", "__builtins__", "__loader__", "__spec__", "memoryview"}
-)
-# Attributes that reach interpreter internals, streams, timers, native code or tensor subclassing.
-DENIED_ATTRIBUTES = frozenset(
-    {
-        # introspection and frames
-        "__dict__", "__globals__", "__builtins__", "__code__", "__closure__", "__class__", "__bases__",
-        "__mro__", "__subclasses__", "__getattribute__", "__setattr__", "__delattr__", "__self__",
-        "__func__", "__wrapped__", "__defaults__", "__kwdefaults__", "__reduce__", "__reduce_ex__",
-        "__init_subclass__", "__traceback__", "__loader__", "__spec__", "__import__", "tb_frame",
-        "tb_next", "f_back", "f_globals", "f_locals", "f_builtins", "f_code", "gi_frame", "cr_frame",
-        # lazy tensors: subclasses, torch function and dispatch modes
-        "__torch_function__", "__torch_dispatch__", "_make_subclass", "_make_wrapper_subclass",
-        "as_subclass", "TorchFunctionMode", "TorchDispatchMode", "overrides",
-        # other streams, and the clock the driver uses
-        "Stream", "ExternalStream", "stream", "set_stream", "StreamContext", "Event", "elapsed_time",
-        "multiprocessing",
-        # native code in the process, and code the rules never saw
-        "_C", "cpp_extension", "load_inline", "load_library", "cudart", "ctypeslib", "attrgetter", "methodcaller",
-    }
-)
-# Denied only on torch and numpy objects (`tl.load` is Triton's load, which every kernel uses):
-# torch.load, torch.jit.load and numpy.load unpickle, i.e. run code the rules never saw.
-DENIED_LIBRARY_ATTRIBUTES = frozenset({"load", "loads", "from_file"})
-TENSOR_BASES = frozenset({"Tensor", "Parameter", "TorchFunctionMode", "TorchDispatchMode"})
+
+TENSOR_BASES = frozenset({"Tensor", "Parameter"})
+# One parse at a time: CPython 3.11's ast module keeps its recursion depth in shared state, and two
+# threads parsing at once corrupt it for every later parse ("AST constructor recursion depth mismatch").
+_PARSE_LOCK = threading.Lock()
 ENTRY_POINT = "custom_kernel"
 
 
@@ -65,12 +50,32 @@ def dotted(node: ast.AST) -> str:
     return ""
 
 
+def bound_names(tree: ast.Module) -> set[str]:
+    """Every name the module binds anywhere (assignments, definitions, arguments, imports, handlers)."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            names.add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            names.add(node.name)
+        elif isinstance(node, (ast.Global, ast.Nonlocal)):
+            names.update(node.names)
+    return names
+
+
 class _Rules(ast.NodeVisitor):
-    def __init__(self) -> None:
+    def __init__(self, tree: ast.Module) -> None:
         self.problems: list[str] = []
-        self.aliases: dict[str, str] = {}  # local name -> module path ("tl" -> "triton.language")
+        self.aliases: dict[str, str] = {}  # local name -> module path or module name ("tl" -> "triton.language")
         self.jit_kernels: list[str] = []
         self.has_entry = False
+        self.own = bound_names(tree)
+        self.top_level = set(tree.body)
+        self.chain_heads: set[int] = set()  # ids of Name nodes that start an attribute chain
 
     def fail(self, node: ast.AST, message: str) -> None:
         self.problems.append(f"line {getattr(node, 'lineno', '?')}: {message}")
@@ -80,55 +85,112 @@ class _Rules(ast.NodeVisitor):
         head, _, rest = name.partition(".")
         return (self.aliases.get(head, head) + ("." + rest if rest else "")) if name else ""
 
+    def module_of(self, name: str) -> str:
+        """The module path a local name stands for ("" when it is none)."""
+        path = self.aliases.get(name, "")
+        return path if path in MODULE_NAMES else ""
+
     # -- imports -------------------------------------------------------------------------------
 
-    def visit_Import(self, node: ast.Import) -> None:
+    def judge_import(self, node: ast.Import) -> None:
         for alias in node.names:
-            self._check_module(node, alias.name)
-            self.aliases[alias.asname or alias.name.split(".")[0]] = alias.name if alias.asname else alias.name.split(".")[0]
+            if alias.name not in IMPORTABLE:
+                self.fail(node, f"imports {alias.name!r}; a kernel may import only {self._importable()}")
+                continue
+            local = alias.asname or alias.name.split(".")[0]
+            self.aliases[local] = alias.name if alias.asname else alias.name.split(".")[0]
 
-    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+    def judge_import_from(self, node: ast.ImportFrom) -> None:
+        module = node.module or ""
         if node.level:
             self.fail(node, "relative imports are not allowed (a kernel is one module)")
             return
-        self._check_module(node, node.module or "")
+        if module not in IMPORTABLE:
+            self.fail(node, f"imports {module!r}; a kernel may import only {self._importable()}")
+            return
         for alias in node.names:
-            if alias.name in DENIED_ATTRIBUTES or alias.name == "*":
-                self.fail(node, f"`from {node.module} import {alias.name}` is not allowed")
-            self.aliases[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+            if module == "__future__":
+                continue
+            allowed = MODULE_NAMES.get(module, frozenset())
+            if alias.name not in allowed:
+                self.fail(node, f"`from {module} import {alias.name}`: `{alias.name}` is not among the {module} names a kernel may use")
+                continue
+            self.aliases[alias.asname or alias.name] = f"{module}.{alias.name}"
 
-    def _check_module(self, node: ast.AST, module: str) -> None:
-        root = module.split(".")[0]
-        if root not in ALLOWED_IMPORTS:
-            self.fail(node, f"imports {module!r}; a kernel may import only {', '.join(sorted(ALLOWED_IMPORTS - {'__future__'}))}")
-        elif any(part in DENIED_ATTRIBUTES for part in module.split(".")[1:]):
-            self.fail(node, f"imports {module!r}, which is off limits (streams, native code, torch internals)")
+    @staticmethod
+    def _importable() -> str:
+        return ", ".join(sorted(IMPORTABLE - {"__future__"}))
 
-    # -- names and attributes ------------------------------------------------------------------
+    # -- names and attribute chains --------------------------------------------------------------
 
     def visit_Name(self, node: ast.Name) -> None:
-        if node.id in DENIED_NAMES:
-            self.fail(node, f"uses `{node.id}`, which can reach or change the evaluator; it is not allowed")
-        self.generic_visit(node)
+        name = node.id
+        if name in DANGEROUS_BUILTINS:
+            self.fail(node, f"uses `{name}`, which {DANGEROUS_BUILTINS[name]}; it is not allowed")
+        elif name.startswith("__") and name not in BUILTINS:
+            self.fail(node, f"uses `{name}`: names starting with '__' reach the interpreter's internals")
+        elif isinstance(node.ctx, ast.Load) and self.module_of(name) and id(node) not in self.chain_heads:
+            self.fail(node, f"uses the module `{name}` ({self.module_of(name)}) as a value; a module may only be "
+                      "named as the start of an attribute chain such as `torch.einsum`")
+        elif isinstance(node.ctx, ast.Load) and name not in self.own and name not in self.aliases and name not in BUILTINS:
+            self.fail(node, f"uses `{name}`, which the kernel never defines and is not one of the builtins a kernel may use")
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
-        if node.attr in DENIED_ATTRIBUTES:
-            self.fail(node, f"uses `.{node.attr}` ({self.resolve(node) or 'attribute'}); extra streams, timers, "
-                      "tensor subclasses, introspection and native code are not allowed")
-        elif node.attr in DENIED_LIBRARY_ATTRIBUTES and self.resolve(node).split(".")[0] in ("torch", "numpy"):
-            self.fail(node, f"uses `{self.resolve(node)}`, which unpickles (runs code the rules never saw)")
+        chain = dotted(node)
+        head = chain.partition(".")[0] if chain else ""
+        if chain and self.module_of(head) and isinstance(node.value, (ast.Name, ast.Attribute)):
+            self._check_chain(node)
+            return  # the whole chain is judged at once
+        if node.attr.startswith("_"):
+            self.fail(node, f"uses `.{node.attr}`: attributes starting with '_' (dunders, private state) are not allowed")
+        elif node.attr in OBJECT_ATTRIBUTES_REFUSED:
+            self.fail(node, f"uses `.{node.attr}`, which reaches {OBJECT_ATTRIBUTES_REFUSED[node.attr]}; it is not allowed")
         self.generic_visit(node)
 
+    def _check_chain(self, node: ast.Attribute) -> None:  # docs/method.md §5c, the allow-list: module chains
+        """`torch.nn.functional.linear`: every link must be on the list of the module before it, and a
+        chain that ends on a namespace is only allowed as the start of a longer one (its parent)."""
+        links: list[ast.Attribute] = []
+        cursor: ast.AST = node
+        while isinstance(cursor, ast.Attribute):
+            links.append(cursor)
+            cursor = cursor.value
+        self.chain_heads.add(id(cursor))
+        self.visit(cursor)
+        path = self.module_of(cursor.id)
+        for link in reversed(links):
+            allowed = MODULE_NAMES.get(path)
+            if allowed is None:  # a leaf (a function, a dtype, a class): its attributes are the object's
+                if link.attr.startswith("_"):
+                    self.fail(link, f"uses `.{link.attr}` of `{path}`: attributes starting with '_' are not allowed")
+                    return
+                if link.attr in OBJECT_ATTRIBUTES_REFUSED:
+                    self.fail(link, f"uses `.{link.attr}`, which reaches {OBJECT_ATTRIBUTES_REFUSED[link.attr]}; it is not allowed")
+                    return
+                path = f"{path}.{link.attr}"
+                continue
+            if link.attr not in allowed:
+                module = path
+                self.fail(link, f"uses `{module}.{link.attr}`: `.{link.attr}` is not among the {module} names a kernel may "
+                          "use (tensor programming only: no files, processes, threads, streams, timers or internals)")
+                return
+            path = f"{path}.{link.attr}"
+        if path in MODULE_NAMES:  # the outermost link of a chain is a value: a namespace may not be one
+            self.fail(node, f"uses the module `{path}` as a value; name what it holds instead (e.g. `{path}.<name>`)")
+
     def visit_Call(self, node: ast.Call) -> None:
-        if isinstance(node.func, ast.Name) and node.func.id == "getattr":
-            name = node.args[1] if len(node.args) > 1 else None
-            if not (isinstance(name, ast.Constant) and isinstance(name.value, str)):
-                self.fail(node, "getattr with a computed name is not allowed")
-            elif name.value in DENIED_ATTRIBUTES:
-                self.fail(node, f"getattr(..., {name.value!r}) is not allowed")
         if isinstance(node.func, ast.Name) and node.func.id == "type" and len(node.args) == 3:
             self.fail(node, "creating classes with type(name, bases, dict) is not allowed")
+        if (isinstance(node.func, ast.Attribute) and node.func.attr == "__init__" and isinstance(node.func.value, ast.Call)
+                and isinstance(node.func.value.func, ast.Name) and node.func.value.func.id == "super"):
+            self.visit(node.func.value)  # super().__init__(...): the one dunder call a module class needs
+            for arg in [*node.args, *node.keywords]:
+                self.visit(arg)
+            return
         self.generic_visit(node)
+
+    def visit_Match(self, node: ast.AST) -> None:
+        self.fail(node, "`match` statements are not allowed (class patterns read attributes by name)")
 
     # -- assignments: no patching --------------------------------------------------------------
 
@@ -141,15 +203,15 @@ class _Rules(ast.NodeVisitor):
         elif isinstance(target, ast.Attribute):
             full = self.resolve(target)
             root = dotted(target).split(".")[0]
-            if root in ("self", "cls"):
+            if root in ("self", "cls") and not target.attr.startswith("_"):
                 return
-            if verb == "assigns to" and any(full.startswith(p) for p in ASSIGNABLE_PREFIXES):
+            if verb == "assigns to" and full.rpartition(".")[0] in ASSIGNABLE_MODULES:
                 return
-            self.fail(target, f"{verb} `{full or dotted(target) or 'an attribute'}`: changing attributes of "
-                      f"modules or library objects is not allowed (only {', '.join(p + '*' for p in ASSIGNABLE_PREFIXES)} flags)")
+            self.fail(target, f"{verb} `{full or dotted(target) or 'an attribute'}`: changing attributes of modules or "
+                      f"library objects is not allowed (only the flags of {', '.join(sorted(ASSIGNABLE_MODULES))})")
         elif isinstance(target, ast.Subscript):
             base = self.resolve(target.value)
-            if base and base.split(".")[0] in ALLOWED_IMPORTS and base.count(".") >= 1:
+            if base and self.module_of(base.split(".")[0]):
                 self.fail(target, f"{verb} an item of `{base}`, a library object")
 
     def visit_Assign(self, node: ast.Assign) -> None:
@@ -177,13 +239,21 @@ class _Rules(ast.NodeVisitor):
         for base in node.bases:
             name = self.resolve(base)
             if name.split(".")[-1] in TENSOR_BASES:
-                self.fail(node, f"class {node.name} subclasses {name}: tensor subclasses and torch modes are not allowed")
+                self.fail(node, f"class {node.name} subclasses {name}: tensor subclasses are not allowed")
+        for kw in node.keywords:
+            self.fail(node, f"class {node.name} passes `{kw.arg}=` to its metaclass machinery; it is not allowed")
         self.generic_visit(node)
 
     def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
-        if any(self.resolve(d.func if isinstance(d, ast.Call) else d).split(".")[-1] == "jit"
-               and self.resolve(d.func if isinstance(d, ast.Call) else d).startswith("triton") for d in node.decorator_list):
-            self.jit_kernels.append(node.name)
+        if node.name.startswith("__") and node.name.endswith("__") and node.name not in DUNDER_DEFINITIONS:
+            self.fail(node, f"defines `{node.name}`: special methods other than {', '.join(sorted(DUNDER_DEFINITIONS))} "
+                      "(e.g. __torch_function__, __torch_dispatch__) are not allowed")
+        if node.name in DANGEROUS_BUILTINS:
+            self.fail(node, f"defines a function named `{node.name}`, a name kept for a builtin that is not allowed")
+        for d in node.decorator_list:
+            name = self.resolve(d.func if isinstance(d, ast.Call) else d)
+            if name in ("triton.jit", "triton.language.jit") or name.startswith("triton.jit"):
+                self.jit_kernels.append(node.name)
         if node.name == ENTRY_POINT and node in self.top_level:
             self.has_entry = True
         self.generic_visit(node)
@@ -191,24 +261,35 @@ class _Rules(ast.NodeVisitor):
     visit_AsyncFunctionDef = visit_FunctionDef
 
     def run(self, tree: ast.Module) -> None:
-        self.top_level = set(tree.body)
         for node in tree.body:  # `custom_kernel = torch.compile(fn)` defines the entry point too
             if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == ENTRY_POINT for t in node.targets):
                 self.has_entry = True
+        # Imports first, wherever they are, so that every use of an alias is judged as a module use.
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                self.judge_import(node)
+            elif isinstance(node, ast.ImportFrom):
+                self.judge_import_from(node)
         self.visit(tree)
+
+
+def _line(problem: str) -> int:
+    number = problem.split(":")[0].removeprefix("line ")
+    return int(number) if number.isdigit() else 0
 
 
 def check_source(source: str) -> list[str]:
     """Every broken rule of the kernel `source`, in source order; empty when it may run."""
     try:
-        tree = ast.parse(source)
+        with _PARSE_LOCK:
+            tree = ast.parse(source)
     except SyntaxError as err:
         return [f"syntax error: {err.msg} (line {err.lineno})"]
     except ValueError as err:  # null bytes
         return [f"cannot parse the kernel: {err}"]
-    rules = _Rules()
+    rules = _Rules(tree)
     rules.run(tree)
-    problems = list(rules.problems)
+    problems = sorted(dict.fromkeys(rules.problems), key=_line)
     if not rules.has_entry:
         problems.append(f"defines no top-level function `{ENTRY_POINT}(data)`")
     if not rules.jit_kernels:

@@ -1,0 +1,188 @@
+"""TriMul against kernels that attack the evaluator (docs/method.md §5c, the allow-list and the two-process clock).
+
+Every attack of tests/trimul_kernels.py ATTACKS is refused by the rules read before it runs, with
+the construct and its line. Then each is run past those rules (the driver called directly), where
+the second line must hold: the timer's clock, inputs and report live in a process the kernel
+cannot reach, so an attack is rejected at run time or is timed like the honest kernel doing the
+same work (CORRECT_TORCH), never faster. Both on the process backend and, where the GPU image
+exists, the docker backend; on CPU, under Triton's interpreter, with the CPU check's timing.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from evaluators.base import EvalResult
+from evaluators.kernels.trimul.problem import INITIAL_KERNEL, TriMulProblem
+from evaluators.kernels.trimul.static_rules import check_source
+from evaluators.sandbox import ProcessSandbox, docker_unavailable
+from tests.trimul_kernels import ATTACKS, CORRECT_TORCH
+
+PROBLEM = TriMulProblem(device="cpu", cpu_timing=True)
+PASSED = "correct on the CPU check"
+# A reply before the work: caught by the empty call's time, the unwritten NaNs or the late write.
+REPLIED_EARLY = ("no slower than an empty call", "NaN/inf where the reference has none", "changed after the kernel process replied")
+# What each attack gets past the rules: "timed" (it passes the check and is timed like the honest
+# kernel) or a phrase (or phrases, any one) of its rejection.
+OUTCOMES = {
+    "os_via_torch_runs_a_shell": "timed",
+    "patches_every_clock_and_the_checks": "timed",
+    "reduce_getattr_builds_names": "timed",
+    "runs_the_evaluators_reference": "timed",
+    "wraps_the_drivers_call": REPLIED_EARLY,
+    "replies_early_and_finishes_in_a_thread": REPLIED_EARLY,
+    "reads_and_writes_files_with_numpy_and_torch": "timed",
+    "forges_the_report_after_exit": "timed",
+    "spawns_a_thread": "it started a thread",
+    "patches_torch_functions_globally": "replaced torch.equal",
+    "returns_its_input": "checked output values are wrong",
+    "returns_a_cached_result": "checked output values are wrong",
+    "reads_the_timers_memory": "timed",
+}
+# Forged figures are orders of magnitude off (a forged report says 0.001 µs, an unworked reply
+# about 0); real ones on a shared 2-core CPU, from two evaluations at once, vary up to 5 times.
+NOT_FASTER = 0.05
+
+
+def test_every_attack_has_an_expected_outcome() -> None:
+    assert set(OUTCOMES) == set(ATTACKS)
+
+
+@pytest.mark.parametrize("name", sorted(ATTACKS))
+def test_the_rules_refuse_each_attack_naming_the_construct_and_line(name: str) -> None:
+    source, phrase = ATTACKS[name]
+    problems = check_source(source)
+    if phrase is None:  # honest syntax, dishonest values: only the run can tell
+        assert problems == []
+        return
+    hits = [p for p in problems if phrase in p]
+    assert hits and hits[0].startswith("line "), problems
+
+
+def _evaluate_all(box, sources: dict[str, str]) -> dict[str, EvalResult]:
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {name: pool.submit(PROBLEM.run_checks, src, box, False) for name, src in sources.items()}
+        return {name: f.result() for name, f in futures.items()}
+
+
+def _phrases(expected) -> tuple[str, ...]:
+    return (expected,) if isinstance(expected, str) else tuple(expected)
+
+
+def _judge(verdicts: dict[str, EvalResult], names) -> None:
+    """Every attack's outcome as OUTCOMES says; all the wrong ones listed at once."""
+    honest = verdicts["honest"]
+    assert honest.reason.startswith(PASSED), honest.reason + honest.observation[-2000:]
+    wrong = []
+    for name in names:
+        v = verdicts[name]
+        expected = OUTCOMES[name]
+        if v.valid or v.reward != 0.0:  # nothing is rewarded without a GPU
+            wrong.append(f"{name}: rewarded {v.reward}")
+        elif expected == "timed" and not v.reason.startswith(PASSED):
+            wrong.append(f"{name}: expected to be timed, got: {v.reason}\n{v.observation[-1500:]}")
+        elif expected == "timed" and v.metrics["cpu_best_us"] < NOT_FASTER * honest.metrics["cpu_best_us"]:
+            wrong.append(f"{name}: timed at {v.metrics['cpu_best_us']:.1f} µs, the honest kernel at {honest.metrics['cpu_best_us']:.1f} µs")
+        elif expected != "timed" and (not any(p in v.reason for p in _phrases(expected)) or v.reason.startswith(PASSED)):
+            wrong.append(f"{name}: expected a rejection with {expected!r}, got: {v.reason}\n{v.observation[-1500:]}")
+    assert not wrong, "\n\n".join(wrong)
+
+
+@pytest.mark.slow
+def test_past_the_rules_no_attack_beats_the_honest_kernel_on_the_process_backend() -> None:
+    verdicts = _evaluate_all(ProcessSandbox(), {"honest": CORRECT_TORCH, **{k: v[0] for k, v in ATTACKS.items()}})
+    _judge(verdicts, ATTACKS)
+
+
+@pytest.mark.slow
+def test_the_initial_kernel_is_timed_by_the_cpu_clock() -> None:
+    v = PROBLEM.run_checks(INITIAL_KERNEL, ProcessSandbox())
+    assert v.reason.startswith(PASSED), v.reason + v.observation[-2000:]
+    assert v.metrics["cpu_best_us"] > 0 and v.metrics["cpu_mean_us"] >= v.metrics["cpu_best_us"]
+
+
+@pytest.mark.slow
+def test_past_the_rules_no_attack_beats_the_honest_kernel_on_the_docker_backend() -> None:
+    why = docker_unavailable(PROBLEM.image)
+    if why:
+        pytest.skip(f"docker backend not checked here: {why}")
+    from evaluators.sandbox.docker import DockerSandbox
+
+    names = ["patches_every_clock_and_the_checks", "replies_early_and_finishes_in_a_thread", "forges_the_report_after_exit",
+             "reads_the_timers_memory"]
+    with DockerSandbox(image=PROBLEM.image, concurrency=2) as box:
+        verdicts = _evaluate_all(box, {"honest": CORRECT_TORCH, **{k: ATTACKS[k][0] for k in names}})
+    _judge(verdicts, names)
+
+
+# A kernel that leaves a grandchild behind (double fork, new session) to write a file after the run.
+_LINGERER = '''
+import os
+import time
+
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        time.sleep(3)
+        with open(MARKER, "w") as f:
+            f.write("outlived the run")
+    os._exit(0)
+os.wait()
+''' + CORRECT_TORCH
+
+_RUN_THE_TIMER = '''
+import json, os, sys, time
+program, job = sys.argv[1], json.loads(sys.argv[2])
+namespace = {"__name__": "timer"}
+exec(compile(open(program).read(), "timer", "exec"), namespace)
+report = namespace["main"](job)
+time.sleep(5)  # no sandbox here to kill what is left: only the timer's own cleanup can
+print(json.dumps({"error": report.get("error"), "rejected": report.get("rejected"), "calls": len(report["calls"])}))
+'''
+
+
+@pytest.mark.slow
+def test_the_timer_kills_everything_the_kernel_started_before_it_reports(tmp_path) -> None:
+    """The timer alone, outside any sandbox: a grandchild the kernel left behind is gone before the report."""
+    import json
+    import subprocess
+    import sys
+
+    from evaluators.kernels.trimul.problem import SAMPLING, SHAPES
+
+    marker = tmp_path / "marker"
+    program = tmp_path / "timer.py"
+    program.write_text(PROBLEM.driver_program)
+    shape = [s for s in SHAPES["tests"] if s["seqlen"] == 32][0]
+    job = {"device": "cpu", "source": f"MARKER = {str(marker)!r}\n" + _LINGERER, "kernel_program": PROBLEM.kernel_program,
+           "tests": [shape], "test_seeds": [[shape["seed"]]], "benchmarks": [], "timing": {}, **SAMPLING}
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    proc = subprocess.run([sys.executable, "-c", _RUN_THE_TIMER, str(program), json.dumps(job)], cwd=workdir,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary == {"error": None, "rejected": None, "calls": 1}, proc.stderr[-3000:]
+    assert not marker.exists()  # the grandchild was killed with the kernel process
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_no_attack_past_the_rules_beats_the_honest_kernel() -> None:
+    """Never run on this repository's CPU machines: the same attacks timed by the GPU half of the clock."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from evaluators.sandbox import sandbox_for
+
+    gpu = TriMulProblem(device="cuda")
+    box = sandbox_for(gpu, "auto")
+    honest = gpu.run_checks(CORRECT_TORCH, box, False)
+    assert honest.valid, honest.reason
+    for name, (source, _) in ATTACKS.items():
+        v = gpu.run_checks(source, box, False)
+        if OUTCOMES[name] == "timed":
+            assert v.reward <= honest.reward / NOT_FASTER, (name, v.reward, honest.reward)
+        else:
+            assert not v.valid and v.reward == 0.0, (name, v.reason)
