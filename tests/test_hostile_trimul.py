@@ -37,8 +37,9 @@ OUTCOMES = {
     "forges_the_report_after_exit": "timed",
     "spawns_a_thread": "it started a thread",
     "patches_torch_functions_globally": "replaced torch.equal",
-    "returns_its_input": "checked output values are wrong",
-    "returns_a_cached_result": "checked output values are wrong",
+    # wrong values; on a busy machine a reply this quick may be caught first as one without work
+    "returns_its_input": ("checked output values are wrong", "no slower than an empty call"),
+    "returns_a_cached_result": ("checked output values are wrong", "no slower than an empty call"),
     "reads_the_timers_memory": "timed",
 }
 # Forged figures are orders of magnitude off (a forged report says 0.001 µs, an unworked reply
