@@ -12,8 +12,16 @@ acceptance and reward.
 - Normalised metric: `(m_none - m) / (m_none - m_perfect)`, not clipped, with the baselines "no
   denoising" (D = train) and "perfect" (D = test) of the same split; score: the mean of the two.
 - The released code rejects an output that is non-finite, negative or has a value above the train
-  matrix's total (and we: one of another shape, or not real numbers), accepts it only when its
-  normalised Poisson is in [0.97, 1], and rewards 1 / MSE.
+  matrix's total (and we: one of another shape, not real numbers, with subnormal values, or all
+  zero), accepts it only when its normalised Poisson is in [0.97, 1], and rewards 1 / MSE.
+- Our reward adds one validity rule, the count-scale rule (docs/method.md §5d "The count-scale
+  rule"): the published Poisson ties the output's scale to the train total, so an output shrunk
+  towards zero passes its gate whatever it holds, and the MSE ignores each row's scale. The rule
+  puts the output on the held-out counts' scale (`lambda = D * sum(T) / sum(D)`) and takes the
+  Poisson negative log-likelihood of the held-out counts under it, arguments in the right order,
+  `mean(lambda - T ln(lambda + 1e-6))`, normalised by the same two baselines; an output must reach
+  COUNT_POISSON_MIN, i.e. predict the held-out molecules clearly better than the train counts do.
+  Scaling the output (towards zero or anywhere) changes nothing in it, so scale buys nothing.
 
 Everything is computed in float64 on the host, never in the candidate's process.
 """
@@ -31,6 +39,7 @@ TARGET_SUM = 1e4  # scanpy normalize_total(target_sum=10000) in OpenProblems' ms
 POISSON_EPS = 1e-6  # molecular-cross-validation's poisson_nll_loss: log(y_pred + 1e-6)
 POISSON_ACCEPTED = (0.97, 1.0)  # App. E: "we reject all the solutions that obtain a normalized Poisson lower than 0.97 or larger than 1"
 MSE_FLOOR = 1e-12  # 1 / MSE stays finite for an output equal to the held-out counts
+COUNT_POISSON_MIN = 0.2  # docs/method.md §5d count-scale rule: a valid output goes at least a fifth of the way from no denoising to the held-out counts
 
 
 def _log_normalized(X: np.ndarray) -> np.ndarray:
@@ -52,6 +61,13 @@ def poisson(train_total: float, test: np.ndarray, denoised: np.ndarray) -> float
     return float(np.mean(test - scaled * np.log(test + POISSON_EPS)))
 
 
+def count_poisson(test: np.ndarray, denoised: np.ndarray) -> float:
+    """docs/method.md §5d count-scale rule: mean(L - T ln(L + 1e-6)) with L = D * sum(T) / sum(D), the
+    Poisson negative log-likelihood of the held-out counts T under the output put on their scale."""
+    rate = denoised * (test.sum() / denoised.sum())
+    return float(np.mean(rate - test * np.log(rate + POISSON_EPS)))
+
+
 def normalized(value: float, none: float, perfect: float) -> float:
     """docs/method.md §5d: (m_none - m) / (m_none - m_perfect): 0 for no denoising, 1 for perfect, not clipped."""
     return (none - value) / (none - perfect)
@@ -65,6 +81,8 @@ class Baselines:
     poisson_none: float
     mse_perfect: float
     poisson_perfect: float
+    count_poisson_none: float  # the count-scale rule's figure of D = train
+    count_poisson_perfect: float  # ... and of D = test
 
     @classmethod
     def of(cls, split: Split) -> "Baselines":
@@ -73,6 +91,8 @@ class Baselines:
             poisson_none=poisson(split.train_total, split.test, split.train),
             mse_perfect=mse(split.test, split.test),
             poisson_perfect=poisson(split.train_total, split.test, split.test),
+            count_poisson_none=count_poisson(split.test, split.train),
+            count_poisson_perfect=count_poisson(split.test, split.test),
         )
 
 
@@ -80,6 +100,7 @@ def measure(split: Split, baselines: Baselines, denoised: np.ndarray) -> dict[st
     """MSE, Poisson, their normalised values and the score of a valid denoised matrix."""
     m = mse(split.test, denoised)
     p = poisson(split.train_total, split.test, denoised)
+    c = count_poisson(split.test, denoised)
     m_norm = normalized(m, baselines.mse_none, baselines.mse_perfect)
     p_norm = normalized(p, baselines.poisson_none, baselines.poisson_perfect)
     return {
@@ -88,6 +109,8 @@ def measure(split: Split, baselines: Baselines, denoised: np.ndarray) -> dict[st
         "mse_normalized": m_norm,
         "poisson_normalized": p_norm,
         "score": (m_norm + p_norm) / 2.0,  # docs/method.md §5d: the mean of the two normalised metrics
+        "count_poisson": c,
+        "count_poisson_normalized": normalized(c, baselines.count_poisson_none, baselines.count_poisson_perfect),
     }
 
 
@@ -99,6 +122,12 @@ def check_denoised(value: object, split: Split) -> tuple[np.ndarray | None, str]
         return None, f"magic_denoise returned an array of dtype {value.dtype}, not real numbers"
     if value.shape != split.shape:
         return None, f"magic_denoise returned shape {value.shape}; expected {split.shape}, the shape of its input"
+    if value.dtype.kind == "f":
+        with np.errstate(invalid="ignore"):
+            subnormal = (value != 0) & (np.abs(value) < np.finfo(value.dtype).tiny)
+        if subnormal.any():
+            return None, (f"output has {int(subnormal.sum())} subnormal values (non-zero, below {np.finfo(value.dtype).tiny:.3g} "
+                          f"in {value.dtype}): write 0 or a normal number")
     Y = value.astype(np.float64)
     if not np.isfinite(Y).all():
         return None, f"output has {int(np.size(Y) - np.isfinite(Y).sum())} non-finite values (NaN or inf)"
@@ -106,11 +135,14 @@ def check_denoised(value: object, split: Split) -> tuple[np.ndarray | None, str]
         return None, f"output has {int((Y < 0).sum())} negative values (minimum {Y.min():.6g})"
     if Y.max() > split.train_total:
         return None, f"output has a value {Y.max():.6g} above the train matrix's total {split.train_total:.6g}"
+    if not Y.sum() > 0:
+        return None, "output is all zero: it predicts no molecule"
     return Y, ""
 
 
 def judge(split: Split, baselines: Baselines, value: object) -> EvalResult:
-    """The verdict on a denoised matrix: validity, metrics, acceptance and reward 1 / MSE (docs/method.md §5d)."""
+    """The verdict on a denoised matrix: validity, metrics, the published acceptance (normalised Poisson in
+    [0.97, 1]), our count-scale rule, and reward 1 / MSE (docs/method.md §5d)."""
     Y, reason = check_denoised(value, split)
     if Y is None:
         return EvalResult.invalid(reason)
@@ -121,6 +153,13 @@ def judge(split: Split, baselines: Baselines, value: object) -> EvalResult:
             reward=0.0, valid=False, metrics=metrics,
             reason=f"normalised Poisson {metrics['poisson_normalized']:.4f} is outside [{low}, {high}] "
             f"(MSE {metrics['mse']:.6f}, score {metrics['score']:.4f})",
+        )
+    if not metrics["count_poisson_normalized"] >= COUNT_POISSON_MIN:
+        return EvalResult(
+            reward=0.0, valid=False, metrics=metrics,
+            reason=f"on the count scale the output predicts the held-out counts too little better than the train counts: "
+            f"normalised count-scale Poisson {metrics['count_poisson_normalized']:.4f} < {COUNT_POISSON_MIN} "
+            f"(docs/method.md §5d; MSE {metrics['mse']:.6f}, published score {metrics['score']:.4f})",
         )
     reward = 1.0 / max(metrics["mse"], MSE_FLOOR)  # the released code's reward: 1 / MSE
     return EvalResult(reward=reward, valid=True, metrics=metrics)
