@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from evaluators.bio.denoising.counts import OFFLINE_DEFAULT  # noqa: E402
-from evaluators.bio.denoising.metrics import COUNT_POISSON_MIN  # noqa: E402
+from evaluators.bio.denoising.metrics import COUNT_POISSON_MIN, DROPOUT_AUC_MIN  # noqa: E402
 from evaluators.bio.denoising.problem import DenoisingProblem, program  # noqa: E402
 from evaluators.bio.denoising.report import PUBLISHED  # noqa: E402
 from evaluators.sandbox import sandbox_for  # noqa: E402
@@ -59,7 +59,7 @@ def main() -> int:
     warnings.simplefilter("ignore", RuntimeWarning)  # the process backend's isolation warning: our own code runs here
 
     header = (f"{'seed':>4}  {'method':32} {'MSE':>8} {'Poisson':>8} {'norm MSE':>9} {'norm Pois':>9} {'score':>7} "
-              f"{'count P':>8} {'reward':>8} {'s':>6}  verdict")
+              f"{'count P':>8} {'AUC0':>6} {'reward':>8} {'s':>6}  verdict")
     magic_beats_none = True
     for seed in args.seeds:
         # our own programs only, so the process backend (which shows the data to a candidate) is allowed
@@ -84,7 +84,7 @@ def main() -> int:
             reward = "–" if name.startswith("perfect") else f"{verdict.reward:.4f}"  # 1 / 0: the reference, not a method
             print(
                 f"{seed:4d}  {name:32} {m['mse']:8.4f} {m['poisson']:8.4f} {m['mse_normalized']:9.4f} "
-                f"{m['poisson_normalized']:9.4f} {m['score']:7.4f} {m['count_poisson_normalized']:8.4f} {reward:>8} "
+                f"{m['poisson_normalized']:9.4f} {m['score']:7.4f} {m['count_poisson_normalized']:8.4f} {m.get('dropout_auc', float('nan')):6.3f} {reward:>8} "
                 f"{seconds:6.1f}  {status}"
             )
         seed_verdict = rows[1][1]
@@ -96,7 +96,8 @@ def main() -> int:
         )
         if hasattr(box, "close"):
             box.close()
-    print(f"\ncount P: normalised count-scale Poisson, our validity rule (>= {COUNT_POISSON_MIN}, docs/method.md §5d).")
+    print(f"\ncount P, AUC0: normalised count-scale Poisson and dropout AUC, our validity rules "
+          f"(>= {COUNT_POISSON_MIN}, >= {DROPOUT_AUC_MIN}; docs/method.md §5d).")
     print(f"Published on PBMC 1k (method paper, Table 7): {PUBLISHED}.")
     print("MAGIC seed beats no denoising on every split:", "yes" if magic_beats_none else "NO")
     return 0 if magic_beats_none else 1

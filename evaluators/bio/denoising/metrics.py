@@ -22,6 +22,10 @@ acceptance and reward.
   `mean(lambda - T ln(lambda + 1e-6))`, normalised by the same two baselines; an output must reach
   COUNT_POISSON_MIN, i.e. predict the held-out molecules clearly better than the train counts do.
   Scaling the output (towards zero or anywhere) changes nothing in it, so scale buys nothing.
+- And the dropout rule (docs/method.md §5d "The dropout rule"): among the entries whose train
+  count is 0, the output must rank those that hold held-out molecules above those that do not
+  (AUC >= DROPOUT_AUC_MIN). Any function of each entry's own train count (the input scaled,
+  sharpened, with a pseudocount) is constant there, AUC 0.5: it is not a denoising.
 
 Everything is computed in float64 on the host, never in the candidate's process.
 """
@@ -39,6 +43,7 @@ TARGET_SUM = 1e4  # scanpy normalize_total(target_sum=10000) in OpenProblems' ms
 POISSON_EPS = 1e-6  # molecular-cross-validation's poisson_nll_loss: log(y_pred + 1e-6)
 POISSON_ACCEPTED = (0.97, 1.0)  # App. E: "we reject all the solutions that obtain a normalized Poisson lower than 0.97 or larger than 1"
 MSE_FLOOR = 1e-12  # 1 / MSE stays finite for an output equal to the held-out counts
+DROPOUT_AUC_MIN = 0.55  # docs/method.md §5d dropout rule: the least AUC on train-zero entries (0.5: a constant; MAGIC 0.77, ALRA 0.66-0.70)
 COUNT_POISSON_MIN = 0.2  # docs/method.md §5d count-scale rule: a valid output goes at least a fifth of the way from no denoising to the held-out counts
 
 
@@ -66,6 +71,21 @@ def count_poisson(test: np.ndarray, denoised: np.ndarray) -> float:
     Poisson negative log-likelihood of the held-out counts T under the output put on their scale."""
     rate = denoised * (test.sum() / denoised.sum())
     return float(np.mean(rate - test * np.log(rate + POISSON_EPS)))
+
+
+def dropout_auc(train: np.ndarray, test: np.ndarray, denoised: np.ndarray) -> float | None:
+    """docs/method.md §5d dropout rule: the AUC with which the output, on the entries whose train count is 0,
+    ranks those holding held-out molecules above the rest (ties count half); None without both kinds."""
+    from scipy.stats import rankdata
+
+    zero = train == 0
+    hit = test[zero] > 0
+    n_hit = int(hit.sum())
+    n_miss = int(hit.size - n_hit)
+    if n_hit == 0 or n_miss == 0:
+        return None
+    ranks = rankdata(denoised[zero])  # average ranks: ties count half (Mann-Whitney)
+    return float((ranks[hit].sum() - n_hit * (n_hit + 1) / 2.0) / (n_hit * n_miss))
 
 
 def normalized(value: float, none: float, perfect: float) -> float:
@@ -97,10 +117,11 @@ class Baselines:
 
 
 def measure(split: Split, baselines: Baselines, denoised: np.ndarray) -> dict[str, float]:
-    """MSE, Poisson, their normalised values and the score of a valid denoised matrix."""
+    """MSE, Poisson, their normalised values and the score (published), and our two validity figures."""
     m = mse(split.test, denoised)
     p = poisson(split.train_total, split.test, denoised)
     c = count_poisson(split.test, denoised)
+    auc = dropout_auc(split.train, split.test, denoised)
     m_norm = normalized(m, baselines.mse_none, baselines.mse_perfect)
     p_norm = normalized(p, baselines.poisson_none, baselines.poisson_perfect)
     return {
@@ -111,7 +132,7 @@ def measure(split: Split, baselines: Baselines, denoised: np.ndarray) -> dict[st
         "score": (m_norm + p_norm) / 2.0,  # docs/method.md §5d: the mean of the two normalised metrics
         "count_poisson": c,
         "count_poisson_normalized": normalized(c, baselines.count_poisson_none, baselines.count_poisson_perfect),
-    }
+    } | ({} if auc is None else {"dropout_auc": auc})  # absent when the split has no train-zero entries of both kinds
 
 
 def check_denoised(value: object, split: Split) -> tuple[np.ndarray | None, str]:
@@ -142,7 +163,7 @@ def check_denoised(value: object, split: Split) -> tuple[np.ndarray | None, str]
 
 def judge(split: Split, baselines: Baselines, value: object) -> EvalResult:
     """The verdict on a denoised matrix: validity, metrics, the published acceptance (normalised Poisson in
-    [0.97, 1]), our count-scale rule, and reward 1 / MSE (docs/method.md §5d)."""
+    [0.97, 1]), our count-scale and dropout rules, and reward 1 / MSE (docs/method.md §5d)."""
     Y, reason = check_denoised(value, split)
     if Y is None:
         return EvalResult.invalid(reason)
@@ -160,6 +181,14 @@ def judge(split: Split, baselines: Baselines, value: object) -> EvalResult:
             reason=f"on the count scale the output predicts the held-out counts too little better than the train counts: "
             f"normalised count-scale Poisson {metrics['count_poisson_normalized']:.4f} < {COUNT_POISSON_MIN} "
             f"(docs/method.md §5d; MSE {metrics['mse']:.6f}, published score {metrics['score']:.4f})",
+        )
+    auc = metrics.get("dropout_auc")
+    if auc is not None and not auc >= DROPOUT_AUC_MIN:
+        return EvalResult(
+            reward=0.0, valid=False, metrics=metrics,
+            reason=f"the output says nothing about the entries with no train molecule: it ranks those holding held-out "
+            f"molecules with AUC {auc:.4f} < {DROPOUT_AUC_MIN} (0.5: a constant there, as any function of each entry's "
+            f"own count is; docs/method.md §5d dropout rule)",
         )
     reward = 1.0 / max(metrics["mse"], MSE_FLOOR)  # the released code's reward: 1 / MSE
     return EvalResult(reward=reward, valid=True, metrics=metrics)

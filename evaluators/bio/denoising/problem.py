@@ -44,7 +44,7 @@ from evaluators.bio.denoising.sources import CANDIDATE_ENTRY, CANDIDATE_RANDOM_S
 from evaluators.bio.denoising.split import DEFAULT_SEED, Split, split_molecules
 from evaluators.bio.denoising.text import describe
 from evaluators.parsing import last_fenced_block, normalize_code
-from evaluators.sandbox.base import SandboxLimits
+from evaluators.sandbox.base import BackendRefused, SandboxLimits
 
 # App. E: "the memory limit is increased to 3GB ... we reduce the time limits for the execution to
 # 400 seconds"; 1 CPU as the released launcher's num_cpus_per_task=1.
@@ -56,7 +56,7 @@ ALLOW_PROCESS_OPTION = "problem_options.allow_process_backend"  # the opt-in the
 _process_warned = False
 
 
-class ProcessBackendRefused(ValueError):
+class ProcessBackendRefused(BackendRefused):
     """Denoising was asked to run a candidate in the process sandbox without `allow_process_backend`."""
 
 
@@ -210,7 +210,11 @@ class DenoisingProblem(BaseProblem):
             parts.append(
                 f"Its output: MSE {construction['mse']:.6f}, Poisson {construction['poisson']:.6f}, "
                 f"normalised MSE {construction['mse_normalized']:.4f}, normalised Poisson "
-                f"{construction['poisson_normalized']:.4f}, score {construction['score']:.4f}."
+                f"{construction['poisson_normalized']:.4f}, score {construction['score']:.4f}"
+                + (f", normalised count-scale Poisson {construction['count_poisson_normalized']:.4f}"
+                   if "count_poisson_normalized" in construction else "")
+                + (f", dropout AUC {construction['dropout_auc']:.4f}" if "dropout_auc" in construction else "")
+                + "."
             )
         return "\n\n".join(parts)
 
