@@ -6,7 +6,8 @@ attack found against the reward, each asserting the attack earns no more than th
    that knows (or guesses) the generator's seed recovers ~97% of the held-out counts from the train
    counts. The split's seed is keyed with the full counts and never reaches the candidate.
 2. Scale: the published Poisson gate accepts any output shrunk towards zero and the MSE ignores
-   each row's scale; the count-scale rule rejects an output that is not a real denoising.
+   each row's scale; the count-scale rule rejects an output that is not a real denoising, and the
+   dropout rule any function of each entry's own train count (a pseudocount added included).
 3. Malformed output: whatever bytes the candidate writes (a header declaring a petabyte, a
    truncated array, an object array that would need pickle, a wrong dtype) get a verdict with a
    reason, never an exception and never an allocation the header asked for.
@@ -208,6 +209,18 @@ def test_the_input_scaled_or_sharpened_is_no_answer(problem, scale, power) -> No
     assert verdict.reward == 0.0 and not verdict.valid, verdict.metrics
 
 
+@pytest.mark.parametrize("floor", ("constant", "cell depth"))
+@pytest.mark.parametrize("power", (0.5, 1.0, 2.0, 3.0))
+def test_the_input_with_a_pseudocount_scaled_is_no_answer(problem, power, floor) -> None:
+    """A function of each entry's own count (plus at most its cell's depth) says nothing about the
+    entries where no molecule was seen: reward 0, whatever pseudocount and scale."""
+    X = problem.prepared().split.train
+    extra = np.ones_like(X) if floor == "constant" else np.ones_like(X) * X.sum(axis=1, keepdims=True) / X.shape[1]
+    for pseudocount in (0.001, 0.01, 0.1, 1.0):
+        verdict = problem.score_output((X**power + pseudocount * extra) * 1e-6)
+        assert verdict.reward == 0.0, (pseudocount, verdict.metrics)
+
+
 def test_the_scaled_input_passes_the_published_gate_so_the_count_scale_rule_is_what_rejects_it(problem) -> None:
     verdict = problem.score_output(problem.prepared().split.train * 1e-9)
     assert 0.97 <= verdict.metrics["poisson_normalized"] <= 1.0  # the published rule would accept it
@@ -220,13 +233,14 @@ def test_magic_and_alra_are_valid_at_their_own_scale_and_scaling_them_changes_no
     for name in ("magic", "alra"):
         verdict = problem.score_output(run_program(name, split) * scale)
         assert verdict.valid, (name, verdict.reason)
-        assert verdict.metrics["count_poisson_normalized"] >= 0.3
+        assert verdict.metrics["count_poisson_normalized"] >= 0.3 and verdict.metrics["dropout_auc"] >= 0.6
 
 
 SCALED_CANDIDATES = {
     "input x 1e-9": "def magic_denoise(X, **kw):\n    return X * 1e-9\n",
     "sharpened, scaled": "def magic_denoise(X, **kw):\n    return X ** 2 * 1e-6\n",
     "sharpened 1.5, scaled": "def magic_denoise(X, **kw):\n    return X ** 1.5 * 1e-3\n",
+    "sharpened, a pseudocount, scaled": "def magic_denoise(X, **kw):\n    return (X ** 2 + 0.1) * 1e-6\n",
 }
 
 
@@ -235,7 +249,7 @@ SCALED_CANDIDATES = {
 def test_scaled_candidates_in_the_sandbox_get_0(problem, boxes, backend, case) -> None:
     verdict = _evaluate(problem, SCALED_CANDIDATES[case], boxes(backend))
     assert verdict.reward == 0.0 and not verdict.valid
-    assert "count-scale Poisson" in verdict.reason, verdict.reason
+    assert "count-scale Poisson" in verdict.reason or "no train molecule" in verdict.reason, verdict.reason
 
 
 # 3. Malformed output --------------------------------------------------------------------------
