@@ -408,9 +408,10 @@ def test_the_process_backend_is_refused_by_default_with_a_line_naming_the_fix() 
     assert refusing.preflight("process") == [str(err.value)]
     assert refusing.preflight("docker") == []
     assert DenoisingProblem(allow_process_backend=True).preflight("process") == []
-    # in a run, the refusal is that candidate's verdict (reward 0), never a score
-    verdict = judge_candidate(refusing, READER, None, ProcessSandbox(), "hostile")
-    assert verdict.reward == 0.0 and "refuses the process sandbox" in verdict.reason
+    # in a run, the refusal is the configuration's fault: raised out of the judging (the step fails
+    # with its line, flows/evaluation.py does not retry a ValueError), never a candidate's score
+    with pytest.raises(ProcessBackendRefused, match="refuses the process sandbox"):
+        judge_candidate(refusing, READER, None, ProcessSandbox(), "hostile")
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the process backend runs candidates as another uid only as root")
