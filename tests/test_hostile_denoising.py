@@ -35,7 +35,7 @@ from discover.evaluation import judge_candidate
 from evaluators.bio.denoising.counts import load_counts
 from evaluators.bio.denoising.metrics import Baselines, judge
 from evaluators.bio.denoising.npy import decode_output, read_npy
-from evaluators.bio.denoising.problem import DenoisingProblem, ProcessBackendRefused, program
+from evaluators.bio.denoising.problem import DenoisingProblem, ProcessBackendRefused
 from evaluators.bio.denoising.report import run_program
 from evaluators.bio.denoising.sources import CANDIDATE_RANDOM_STATE
 from evaluators.bio.denoising.split import DEFAULT_SEED, keyed_seed, split_molecules
