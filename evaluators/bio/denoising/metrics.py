@@ -22,6 +22,10 @@ acceptance and reward.
   `mean(lambda - T ln(lambda + 1e-6))`, normalised by the same two baselines; an output must reach
   COUNT_POISSON_MIN, i.e. predict the held-out molecules clearly better than the train counts do.
   Scaling the output (towards zero or anywhere) changes nothing in it, so scale buys nothing.
+- The likelihood rule (docs/method.md §5d "The likelihood rule"): the published MSE (log of row-normalised
+  values) rewards sharpening any valid output (raising it to a power > 1), which makes the output too
+  sure and costs count-scale likelihood; the output's normalised count-scale Poisson must reach
+  LIKELIHOOD_SHARE of the MAGIC seed's on the same split (computed here, in Baselines.of).
 - And the dropout rule (docs/method.md §5d "The dropout rule"): among the entries whose train
   count is 0, the output must rank those that hold held-out molecules above those that do not
   (AUC >= DROPOUT_AUC_MIN). Any function of each entry's own train count (the input scaled,
@@ -45,6 +49,8 @@ POISSON_ACCEPTED = (0.97, 1.0)  # App. E: "we reject all the solutions that obta
 MSE_FLOOR = 1e-12  # 1 / MSE stays finite for an output equal to the held-out counts
 DROPOUT_AUC_MIN = 0.55  # docs/method.md §5d dropout rule: the least AUC on train-zero entries (0.5: a constant; MAGIC 0.77, ALRA 0.66-0.70)
 COUNT_POISSON_MIN = 0.2  # docs/method.md §5d count-scale rule: a valid output goes at least a fifth of the way from no denoising to the held-out counts
+LIKELIHOOD_SHARE = 0.985  # docs/method.md §5d likelihood rule: the least share of the MAGIC seed's normalised count-scale Poisson on the same split
+BASELINE_PROGRAM = "magic"  # docs/method.md §5d likelihood rule: the honest baseline (programs/magic.py, the seed), run on the host
 
 
 def _log_normalized(X: np.ndarray) -> np.ndarray:
@@ -103,16 +109,23 @@ class Baselines:
     poisson_perfect: float
     count_poisson_none: float  # the count-scale rule's figure of D = train
     count_poisson_perfect: float  # ... and of D = test
+    count_poisson_magic: float  # the normalised count-scale Poisson of the MAGIC seed on this split (the likelihood rule's reference)
 
     @classmethod
     def of(cls, split: Split) -> "Baselines":
+        """The baselines of `split`; runs the MAGIC seed (our own code) here, on the host, on its train half."""
+        from evaluators.bio.denoising.sources import run_program
+
+        none, perfect = count_poisson(split.test, split.train), count_poisson(split.test, split.test)
+        magic = count_poisson(split.test, np.asarray(run_program(BASELINE_PROGRAM, split), dtype=np.float64))
         return cls(
             mse_none=mse(split.test, split.train),
             poisson_none=poisson(split.train_total, split.test, split.train),
             mse_perfect=mse(split.test, split.test),
             poisson_perfect=poisson(split.train_total, split.test, split.test),
-            count_poisson_none=count_poisson(split.test, split.train),
-            count_poisson_perfect=count_poisson(split.test, split.test),
+            count_poisson_none=none,
+            count_poisson_perfect=perfect,
+            count_poisson_magic=normalized(magic, none, perfect),
         )
 
 
@@ -163,7 +176,7 @@ def check_denoised(value: object, split: Split) -> tuple[np.ndarray | None, str]
 
 def judge(split: Split, baselines: Baselines, value: object) -> EvalResult:
     """The verdict on a denoised matrix: validity, metrics, the published acceptance (normalised Poisson in
-    [0.97, 1]), our count-scale and dropout rules, and reward 1 / MSE (docs/method.md §5d)."""
+    [0.97, 1]), our count-scale, likelihood and dropout rules, and reward 1 / MSE (docs/method.md §5d)."""
     Y, reason = check_denoised(value, split)
     if Y is None:
         return EvalResult.invalid(reason)
@@ -181,6 +194,15 @@ def judge(split: Split, baselines: Baselines, value: object) -> EvalResult:
             reason=f"on the count scale the output predicts the held-out counts too little better than the train counts: "
             f"normalised count-scale Poisson {metrics['count_poisson_normalized']:.4f} < {COUNT_POISSON_MIN} "
             f"(docs/method.md §5d; MSE {metrics['mse']:.6f}, published score {metrics['score']:.4f})",
+        )
+    floor = LIKELIHOOD_SHARE * baselines.count_poisson_magic
+    if not metrics["count_poisson_normalized"] >= floor:
+        return EvalResult(
+            reward=0.0, valid=False, metrics=metrics,
+            reason=f"the output predicts the held-out molecules less well than the MAGIC seed does: normalised count-scale "
+            f"Poisson {metrics['count_poisson_normalized']:.4f} < {LIKELIHOOD_SHARE} x the MAGIC seed's "
+            f"{baselines.count_poisson_magic:.4f} = {floor:.4f} (a sharpened output lowers the MSE but not this; "
+            f"docs/method.md §5d likelihood rule; MSE {metrics['mse']:.6f})",
         )
     auc = metrics.get("dropout_auc")
     if auc is not None and not auc >= DROPOUT_AUC_MIN:
