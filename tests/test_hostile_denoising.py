@@ -8,6 +8,9 @@ attack found against the reward, each asserting the attack earns no more than th
 2. Scale: the published Poisson gate accepts any output shrunk towards zero and the MSE ignores
    each row's scale; the count-scale rule rejects an output that is not a real denoising, and the
    dropout rule any function of each entry's own train count (a pseudocount added included).
+   Sharpening: the published MSE prefers any valid output raised to a power > 1 (or masked to its
+   largest entries); the likelihood rule holds the output to 0.985 of the MAGIC seed's count-scale
+   likelihood, which sharpening lowers.
 3. Malformed output: whatever bytes the candidate writes (a header declaring a petabyte, a
    truncated array, an object array that would need pickle, a wrong dtype) get a verdict with a
    reason, never an exception and never an allocation the header asked for.
@@ -37,7 +40,7 @@ from evaluators.bio.denoising.metrics import Baselines, judge
 from evaluators.bio.denoising.npy import decode_output, read_npy
 from evaluators.bio.denoising.problem import DenoisingProblem, ProcessBackendRefused
 from evaluators.bio.denoising.report import run_program
-from evaluators.bio.denoising.sources import CANDIDATE_RANDOM_STATE
+from evaluators.bio.denoising.sources import CANDIDATE_RANDOM_STATE, program
 from evaluators.bio.denoising.split import DEFAULT_SEED, keyed_seed, split_molecules
 from evaluators.sandbox import ProcessSandbox, docker_unavailable
 
@@ -100,6 +103,21 @@ def magic_denoise(X, **kwargs):
     smooth = X.sum(axis=1, keepdims=True) * X.mean(axis=0, keepdims=True) * X.shape[0] / X.sum()
     return invert(best[2], X) + FLOOR * smooth
 '''
+
+
+# OpenProblems v1's "MAGIC (approximate, reversed normalisation)" through magic-impute (benchmarks/denoising.py)
+MAGIC_IMPUTE = """
+import numpy as np
+import magic
+
+
+def magic_denoise(X, random_state=None, **kwargs):
+    root = np.sqrt(X)
+    libsize = root.sum(axis=1)
+    libsize[libsize == 0] = 1.0
+    op = magic.MAGIC(knn=5, t=3, n_pca=100, decay=1, solver="approximate", random_state=random_state, verbose=0)
+    return np.square(op.fit_transform(root / libsize[:, None], genes="all_genes")) * libsize[:, None]
+"""
 
 
 def _load(code: str, name: str):
@@ -228,12 +246,18 @@ def test_the_scaled_input_passes_the_published_gate_so_the_count_scale_rule_is_w
 
 
 @pytest.mark.parametrize("scale", (1.0, 1e-6))
-def test_magic_and_alra_are_valid_at_their_own_scale_and_scaling_them_changes_nothing(problem, scale) -> None:
+def test_magic_is_valid_at_its_own_scale_and_scaling_it_changes_nothing(problem, scale) -> None:
     split = problem.prepared().split
-    for name in ("magic", "alra"):
-        verdict = problem.score_output(run_program(name, split) * scale)
-        assert verdict.valid, (name, verdict.reason)
-        assert verdict.metrics["count_poisson_normalized"] >= 0.3 and verdict.metrics["dropout_auc"] >= 0.6
+    verdict = problem.score_output(run_program("magic", split) * scale)
+    assert verdict.valid, verdict.reason
+    assert verdict.metrics["count_poisson_normalized"] >= 0.3 and verdict.metrics["dropout_auc"] >= 0.6
+
+
+def test_alra_is_rejected_by_the_likelihood_rule_a_documented_trade_off(problem) -> None:
+    """ALRA predicts the held-out molecules clearly worse than MAGIC (normalised count-scale Poisson 0.42
+    against 0.54 on split seed 42): under the likelihood rule it scores 0 (docs/method.md §5d)."""
+    verdict = problem.score_output(run_program("alra", problem.prepared().split))
+    assert not verdict.valid and "likelihood rule" in verdict.reason, verdict.reason
 
 
 SCALED_CANDIDATES = {
@@ -250,6 +274,71 @@ def test_scaled_candidates_in_the_sandbox_get_0(problem, boxes, backend, case) -
     verdict = _evaluate(problem, SCALED_CANDIDATES[case], boxes(backend))
     assert verdict.reward == 0.0 and not verdict.valid
     assert "count-scale Poisson" in verdict.reason or "no train molecule" in verdict.reason, verdict.reason
+
+
+# 2b. Sharpening ------------------------------------------------------------------------------
+# The published MSE (log of row-normalised values) rewards making any valid output more contrasted;
+# the likelihood rule holds the output to the MAGIC seed's count-scale likelihood, which sharpening
+# lowers (docs/method.md §5d "The likelihood rule").
+
+SHARPENED = {
+    # the input squared, each cell rescaled to its total, plus 0.01 x the gene means, scaled down
+    "crude sharpened": (
+        "import numpy as np\n"
+        "def magic_denoise(X, **kw):\n"
+        "    S = X ** 2 * (X.sum(axis=1) / np.maximum((X ** 2).sum(axis=1), 1e-300))[:, None]\n"
+        "    return (S + 0.01 * X.mean(axis=0)[None, :]) * 1e-6\n"
+    ),
+}
+MAGIC_THEN = (  # the MAGIC seed's source, then its output transformed by `{body}` (M: the MAGIC output)
+    "\n_magic = magic_denoise\n\n"
+    "def magic_denoise(X, **kw):\n"
+    "    M = _magic(X, **kw)\n"
+    "{body}"
+)
+MAGIC_TRANSFORMS = {
+    "MAGIC^1.5": "    return M ** 1.5\n",
+    "MAGIC^1.2": "    return M ** 1.2\n",
+    "MAGIC^1.05": "    return M ** 1.05\n",
+    "MAGIC top-400 per cell": (
+        "    out = np.zeros_like(M)\n"
+        "    keep = np.argsort(-M, axis=1)[:, :400]\n"
+        "    rows = np.arange(M.shape[0])[:, None]\n"
+        "    out[rows, keep] = M[rows, keep]\n"
+        "    return out\n"
+    ),
+    "MAGIC, the lower half of each cell zeroed": "    return np.where(M < np.quantile(M, 0.5, axis=1)[:, None], 0.0, M)\n",
+    "MAGIC x (1 + X)": "    return M * (1.0 + X)\n",
+}
+for _name, _body in MAGIC_TRANSFORMS.items():
+    SHARPENED[_name] = program("magic") + MAGIC_THEN.format(body=_body)
+
+
+@pytest.mark.parametrize("case", list(SHARPENED))
+def test_sharpened_outputs_get_no_more_than_magic(problem, honest, case) -> None:
+    """Each of these has a lower MSE than MAGIC (reward 0.33 to 0.55 without the rule, MAGIC 0.32)."""
+    module = _load(SHARPENED[case], case)
+    denoised = module.magic_denoise(problem.prepared().split.train.copy(), random_state=CANDIDATE_RANDOM_STATE)
+    verdict = problem.score_output(denoised)
+    assert verdict.metrics["mse"] < 1.0 / honest, verdict.metrics  # the attack is real: the published MSE prefers it
+    assert verdict.reward == 0.0 and not verdict.valid, (verdict.reward, verdict.reason)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", ["crude sharpened", "MAGIC^1.5", "MAGIC top-400 per cell"])
+def test_sharpened_candidates_in_the_sandbox_get_no_more_than_magic(problem, honest, boxes, backend, case) -> None:
+    verdict = _evaluate(problem, SHARPENED[case], boxes(backend))
+    assert verdict.reward <= honest and verdict.reward == 0.0, (verdict.reward, verdict.reason)
+    assert "likelihood rule" in verdict.reason, verdict.reason
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", ["magic seed", "magic-impute"])
+def test_magic_and_magic_impute_stay_valid_in_the_sandbox(problem, honest, boxes, backend, case) -> None:
+    code = program("magic") if case == "magic seed" else MAGIC_IMPUTE
+    verdict = _evaluate(problem, code, boxes(backend))
+    assert verdict.valid, verdict.reason
+    assert verdict.reward == pytest.approx(honest, rel=0.01)
 
 
 # 3. Malformed output --------------------------------------------------------------------------
