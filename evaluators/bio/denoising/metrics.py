@@ -14,7 +14,7 @@ acceptance and reward.
 - The released code rejects an output that is non-finite, negative or has a value above the train
   matrix's total (and we: one of another shape, not real numbers, with subnormal values, or all
   zero), accepts it only when its normalised Poisson is in [0.97, 1], and rewards 1 / MSE.
-- Our reward adds one validity rule, the count-scale rule (docs/method.md §5d "The count-scale
+- Our reward adds validity rules. The count-scale rule (docs/method.md §5d "The count-scale
   rule"): the published Poisson ties the output's scale to the train total, so an output shrunk
   towards zero passes its gate whatever it holds, and the MSE ignores each row's scale. The rule
   puts the output on the held-out counts' scale (`lambda = D * sum(T) / sum(D)`) and takes the

@@ -11,7 +11,8 @@ One evaluation:
    output as .npy bytes (the limits on the returned value and on file sizes grow to fit the matrix);
 3. here, outside the candidate's process: the bytes are decoded without pickle, header first
    (npy.py), checked, scored (metrics.py), accepted if the normalised Poisson is in [0.97, 1] and
-   the count-scale rule holds, and rewarded 1 / MSE.
+   the count-scale, likelihood and dropout rules hold, and rewarded 1 / MSE. The likelihood rule's
+   reference, the MAGIC seed's count-scale figure, is computed here once per split (step 1).
 
 The test half lives only in this process's memory. Under the docker backend the candidate runs in
 a container that sees only the data directory. The process backend cannot hide what is
