@@ -60,12 +60,15 @@ def evaluate(
     if candidate is None:
         result = EvalResult.invalid("no candidate found in the file")
     else:
+        from evaluators.sandbox.base import BackendRefused
         from evaluators.sandbox.native import SessionError
 
         try:
             result = p.evaluate(candidate, None, box)
         except SessionError as err:  # the sandbox cannot work here (no compiler): not the candidate's fault
             fail(f"the {box.name} sandbox cannot evaluate {problem}: {err}")
+        except BackendRefused as err:  # the problem will not run candidates in this backend (denoising: process)
+            fail(str(err))
     _print_result(problem, p, result, as_json)
 
 

@@ -35,7 +35,7 @@ from discover.records import Evaluation, Rollout, child_id
 from discover.run import Run, load_archive, make_problem
 from evaluators.base import EvalResult, ParentView, Problem
 from evaluators.sandbox import sandbox_for
-from evaluators.sandbox.base import infrastructure_failure
+from evaluators.sandbox.base import BackendRefused, infrastructure_failure
 from storage.candidates import CandidateStore
 
 log = logging.getLogger("discover")
@@ -110,12 +110,14 @@ def judge_candidate(problem: Problem, candidate: str, parent: ParentView | None,
     error with `who` (the candidate's id). It is stored like any result, so a resumed run does not
     judge the candidate again. A failure of the infrastructure (`infrastructure_failure`: no
     Docker engine, a lost container or runner, the operating system refusing) is raised as it is,
-    for the engine to retry and the step to fail loudly.
+    for the engine to retry and the step to fail loudly. A problem refusing the sandbox backend
+    (`BackendRefused`, a ValueError: the configuration's fault) is raised as it is too, and is not
+    retried: the step fails with its one line.
     """
     try:
         return problem.evaluate(candidate, parent, sandbox)
     except Exception as err:  # noqa: BLE001 - sorted into the infrastructure's and the judge's just below
-        if infrastructure_failure(err):
+        if infrastructure_failure(err) or isinstance(err, BackendRefused):
             raise
         what = f"{type(err).__name__}: {err}"
         if len(what) > 500:

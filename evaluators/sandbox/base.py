@@ -18,6 +18,12 @@ class InfrastructureError(RuntimeError):
     fails loudly when it persists; it is never a candidate's verdict."""
 
 
+class BackendRefused(ValueError):
+    """A problem refuses to run candidates in this sandbox backend (it cannot keep the problem's
+    secrets there); the message is one line naming the fix. Not the candidate's fault, nor the
+    machine's: `discover evaluate` prints it, a run's pre-flight refuses it before starting."""
+
+
 def infrastructure_failure(err: BaseException) -> bool:
     """Whether an exception raised while a candidate was scored is the infrastructure's (retry it)
     rather than a fault of the problem's judging of that candidate (a verdict: reward 0).

@@ -12,8 +12,24 @@ acceptance and reward.
 - Normalised metric: `(m_none - m) / (m_none - m_perfect)`, not clipped, with the baselines "no
   denoising" (D = train) and "perfect" (D = test) of the same split; score: the mean of the two.
 - The released code rejects an output that is non-finite, negative or has a value above the train
-  matrix's total (and we: one of another shape, or not real numbers), accepts it only when its
-  normalised Poisson is in [0.97, 1], and rewards 1 / MSE.
+  matrix's total (and we: one of another shape, not real numbers, with subnormal values, or all
+  zero), accepts it only when its normalised Poisson is in [0.97, 1], and rewards 1 / MSE.
+- Our reward adds validity rules. The count-scale rule (docs/method.md §5d "The count-scale
+  rule"): the published Poisson ties the output's scale to the train total, so an output shrunk
+  towards zero passes its gate whatever it holds, and the MSE ignores each row's scale. The rule
+  puts the output on the held-out counts' scale (`lambda = D * sum(T) / sum(D)`) and takes the
+  Poisson negative log-likelihood of the held-out counts under it, arguments in the right order,
+  `mean(lambda - T ln(lambda + 1e-6))`, normalised by the same two baselines; an output must reach
+  COUNT_POISSON_MIN, i.e. predict the held-out molecules clearly better than the train counts do.
+  Scaling the output (towards zero or anywhere) changes nothing in it, so scale buys nothing.
+- The likelihood rule (docs/method.md §5d "The likelihood rule"): the published MSE (log of row-normalised
+  values) rewards sharpening any valid output (raising it to a power > 1), which makes the output too
+  sure and costs count-scale likelihood; the output's normalised count-scale Poisson must reach
+  LIKELIHOOD_SHARE of the MAGIC seed's on the same split (computed here, in Baselines.of).
+- And the dropout rule (docs/method.md §5d "The dropout rule"): among the entries whose train
+  count is 0, the output must rank those that hold held-out molecules above those that do not
+  (AUC >= DROPOUT_AUC_MIN). Any function of each entry's own train count (the input scaled,
+  sharpened, with a pseudocount) is constant there, AUC 0.5: it is not a denoising.
 
 Everything is computed in float64 on the host, never in the candidate's process.
 """
@@ -31,6 +47,10 @@ TARGET_SUM = 1e4  # scanpy normalize_total(target_sum=10000) in OpenProblems' ms
 POISSON_EPS = 1e-6  # molecular-cross-validation's poisson_nll_loss: log(y_pred + 1e-6)
 POISSON_ACCEPTED = (0.97, 1.0)  # App. E: "we reject all the solutions that obtain a normalized Poisson lower than 0.97 or larger than 1"
 MSE_FLOOR = 1e-12  # 1 / MSE stays finite for an output equal to the held-out counts
+DROPOUT_AUC_MIN = 0.55  # docs/method.md §5d dropout rule: the least AUC on train-zero entries (0.5: a constant; MAGIC 0.77, ALRA 0.66-0.70)
+COUNT_POISSON_MIN = 0.2  # docs/method.md §5d count-scale rule: a valid output goes at least a fifth of the way from no denoising to the held-out counts
+LIKELIHOOD_SHARE = 0.985  # docs/method.md §5d likelihood rule: the least share of the MAGIC seed's normalised count-scale Poisson on the same split
+BASELINE_PROGRAM = "magic"  # docs/method.md §5d likelihood rule: the honest baseline (programs/magic.py, the seed), run on the host
 
 
 def _log_normalized(X: np.ndarray) -> np.ndarray:
@@ -52,6 +72,28 @@ def poisson(train_total: float, test: np.ndarray, denoised: np.ndarray) -> float
     return float(np.mean(test - scaled * np.log(test + POISSON_EPS)))
 
 
+def count_poisson(test: np.ndarray, denoised: np.ndarray) -> float:
+    """docs/method.md §5d count-scale rule: mean(L - T ln(L + 1e-6)) with L = D * sum(T) / sum(D), the
+    Poisson negative log-likelihood of the held-out counts T under the output put on their scale."""
+    rate = denoised * (test.sum() / denoised.sum())
+    return float(np.mean(rate - test * np.log(rate + POISSON_EPS)))
+
+
+def dropout_auc(train: np.ndarray, test: np.ndarray, denoised: np.ndarray) -> float | None:
+    """docs/method.md §5d dropout rule: the AUC with which the output, on the entries whose train count is 0,
+    ranks those holding held-out molecules above the rest (ties count half); None without both kinds."""
+    from scipy.stats import rankdata
+
+    zero = train == 0
+    hit = test[zero] > 0
+    n_hit = int(hit.sum())
+    n_miss = int(hit.size - n_hit)
+    if n_hit == 0 or n_miss == 0:
+        return None
+    ranks = rankdata(denoised[zero])  # average ranks: ties count half (Mann-Whitney)
+    return float((ranks[hit].sum() - n_hit * (n_hit + 1) / 2.0) / (n_hit * n_miss))
+
+
 def normalized(value: float, none: float, perfect: float) -> float:
     """docs/method.md §5d: (m_none - m) / (m_none - m_perfect): 0 for no denoising, 1 for perfect, not clipped."""
     return (none - value) / (none - perfect)
@@ -65,21 +107,34 @@ class Baselines:
     poisson_none: float
     mse_perfect: float
     poisson_perfect: float
+    count_poisson_none: float  # the count-scale rule's figure of D = train
+    count_poisson_perfect: float  # ... and of D = test
+    count_poisson_magic: float  # the normalised count-scale Poisson of the MAGIC seed on this split (the likelihood rule's reference)
 
     @classmethod
     def of(cls, split: Split) -> "Baselines":
+        """The baselines of `split`; runs the MAGIC seed (our own code) here, on the host, on its train half."""
+        from evaluators.bio.denoising.sources import run_program
+
+        none, perfect = count_poisson(split.test, split.train), count_poisson(split.test, split.test)
+        magic = count_poisson(split.test, np.asarray(run_program(BASELINE_PROGRAM, split), dtype=np.float64))
         return cls(
             mse_none=mse(split.test, split.train),
             poisson_none=poisson(split.train_total, split.test, split.train),
             mse_perfect=mse(split.test, split.test),
             poisson_perfect=poisson(split.train_total, split.test, split.test),
+            count_poisson_none=none,
+            count_poisson_perfect=perfect,
+            count_poisson_magic=normalized(magic, none, perfect),
         )
 
 
 def measure(split: Split, baselines: Baselines, denoised: np.ndarray) -> dict[str, float]:
-    """MSE, Poisson, their normalised values and the score of a valid denoised matrix."""
+    """MSE, Poisson, their normalised values and the score (published), and our two validity figures."""
     m = mse(split.test, denoised)
     p = poisson(split.train_total, split.test, denoised)
+    c = count_poisson(split.test, denoised)
+    auc = dropout_auc(split.train, split.test, denoised)
     m_norm = normalized(m, baselines.mse_none, baselines.mse_perfect)
     p_norm = normalized(p, baselines.poisson_none, baselines.poisson_perfect)
     return {
@@ -88,7 +143,9 @@ def measure(split: Split, baselines: Baselines, denoised: np.ndarray) -> dict[st
         "mse_normalized": m_norm,
         "poisson_normalized": p_norm,
         "score": (m_norm + p_norm) / 2.0,  # docs/method.md §5d: the mean of the two normalised metrics
-    }
+        "count_poisson": c,
+        "count_poisson_normalized": normalized(c, baselines.count_poisson_none, baselines.count_poisson_perfect),
+    } | ({} if auc is None else {"dropout_auc": auc})  # absent when the split has no train-zero entries of both kinds
 
 
 def check_denoised(value: object, split: Split) -> tuple[np.ndarray | None, str]:
@@ -99,6 +156,12 @@ def check_denoised(value: object, split: Split) -> tuple[np.ndarray | None, str]
         return None, f"magic_denoise returned an array of dtype {value.dtype}, not real numbers"
     if value.shape != split.shape:
         return None, f"magic_denoise returned shape {value.shape}; expected {split.shape}, the shape of its input"
+    if value.dtype.kind == "f":
+        with np.errstate(invalid="ignore"):
+            subnormal = (value != 0) & (np.abs(value) < np.finfo(value.dtype).tiny)
+        if subnormal.any():
+            return None, (f"output has {int(subnormal.sum())} subnormal values (non-zero, below {np.finfo(value.dtype).tiny:.3g} "
+                          f"in {value.dtype}): write 0 or a normal number")
     Y = value.astype(np.float64)
     if not np.isfinite(Y).all():
         return None, f"output has {int(np.size(Y) - np.isfinite(Y).sum())} non-finite values (NaN or inf)"
@@ -106,11 +169,14 @@ def check_denoised(value: object, split: Split) -> tuple[np.ndarray | None, str]
         return None, f"output has {int((Y < 0).sum())} negative values (minimum {Y.min():.6g})"
     if Y.max() > split.train_total:
         return None, f"output has a value {Y.max():.6g} above the train matrix's total {split.train_total:.6g}"
+    if not Y.sum() > 0:
+        return None, "output is all zero: it predicts no molecule"
     return Y, ""
 
 
 def judge(split: Split, baselines: Baselines, value: object) -> EvalResult:
-    """The verdict on a denoised matrix: validity, metrics, acceptance and reward 1 / MSE (docs/method.md §5d)."""
+    """The verdict on a denoised matrix: validity, metrics, the published acceptance (normalised Poisson in
+    [0.97, 1]), our count-scale, likelihood and dropout rules, and reward 1 / MSE (docs/method.md §5d)."""
     Y, reason = check_denoised(value, split)
     if Y is None:
         return EvalResult.invalid(reason)
@@ -121,6 +187,30 @@ def judge(split: Split, baselines: Baselines, value: object) -> EvalResult:
             reward=0.0, valid=False, metrics=metrics,
             reason=f"normalised Poisson {metrics['poisson_normalized']:.4f} is outside [{low}, {high}] "
             f"(MSE {metrics['mse']:.6f}, score {metrics['score']:.4f})",
+        )
+    if not metrics["count_poisson_normalized"] >= COUNT_POISSON_MIN:
+        return EvalResult(
+            reward=0.0, valid=False, metrics=metrics,
+            reason=f"on the count scale the output predicts the held-out counts too little better than the train counts: "
+            f"normalised count-scale Poisson {metrics['count_poisson_normalized']:.4f} < {COUNT_POISSON_MIN} "
+            f"(docs/method.md §5d; MSE {metrics['mse']:.6f}, published score {metrics['score']:.4f})",
+        )
+    floor = LIKELIHOOD_SHARE * baselines.count_poisson_magic
+    if not metrics["count_poisson_normalized"] >= floor:
+        return EvalResult(
+            reward=0.0, valid=False, metrics=metrics,
+            reason=f"the output predicts the held-out molecules less well than the MAGIC seed does: normalised count-scale "
+            f"Poisson {metrics['count_poisson_normalized']:.4f} < {LIKELIHOOD_SHARE} x the MAGIC seed's "
+            f"{baselines.count_poisson_magic:.4f} = {floor:.4f} (a sharpened output lowers the MSE but not this; "
+            f"docs/method.md §5d likelihood rule; MSE {metrics['mse']:.6f})",
+        )
+    auc = metrics.get("dropout_auc")
+    if auc is not None and not auc >= DROPOUT_AUC_MIN:
+        return EvalResult(
+            reward=0.0, valid=False, metrics=metrics,
+            reason=f"the output says nothing about the entries with no train molecule: it ranks those holding held-out "
+            f"molecules with AUC {auc:.4f} < {DROPOUT_AUC_MIN} (0.5: a constant there, as any function of each entry's "
+            f"own count is; docs/method.md §5d dropout rule)",
         )
     reward = 1.0 / max(metrics["mse"], MSE_FLOOR)  # the released code's reward: 1 / MSE
     return EvalResult(reward=reward, valid=True, metrics=metrics)

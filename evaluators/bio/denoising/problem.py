@@ -4,27 +4,27 @@ OpenProblems v1's protocol on held-out molecules.
 One evaluation:
 1. (once per process) the counts are loaded and filtered, split by the seeded binomial split, the
    baselines of the split computed, and the train half alone written as `train.npy` into a fresh
-   world-readable directory: the sandbox's read-only data directory;
+   world-readable directory: the sandbox's read-only data directory; the split's generator is
+   seeded by a key of the configured seed and the full counts (split.py), never shown;
 2. the sandbox runs driver.py, which loads `train.npy`, calls the candidate's
-   `magic_denoise(X, random_state=split_seed)` and returns the output as .npy bytes (the limits
-   on the returned value and on file sizes grow to fit the matrix);
-3. here, outside the candidate's process: the bytes are decoded without pickle, checked, scored
-   (metrics.py), accepted if the normalised Poisson is in [0.97, 1], and rewarded 1 / MSE.
+   `magic_denoise(X, random_state=0)` (a fixed value unrelated to the split) and returns the
+   output as .npy bytes (the limits on the returned value and on file sizes grow to fit the matrix);
+3. here, outside the candidate's process: the bytes are decoded without pickle, header first
+   (npy.py), checked, scored (metrics.py), accepted if the normalised Poisson is in [0.97, 1] and
+   the count-scale, likelihood and dropout rules hold, and rewarded 1 / MSE. The likelihood rule's
+   reference, the MAGIC seed's count-scale figure, is computed here once per split (step 1).
 
 The test half lives only in this process's memory. Under the docker backend the candidate runs in
-a container that sees only the data directory; under the process backend as root it runs as
-another uid, which cannot read this process's memory. The process backend still leaves readable
-whatever is world-readable, scanpy's own copy of the offline default dataset included (from which
-the held-out counts follow): train untrusted models with the docker backend.
+a container that sees only the data directory. The process backend cannot hide what is
+world-readable, scanpy's own copy of the offline default dataset included (from which the held-out
+counts follow), so the problem refuses it (`ProcessBackendRefused`, and in a run's pre-flight)
+unless `allow_process_backend` is set, for trusted programs only.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import dataclasses
 import hashlib
-import io
 import os
 import shutil
 import tempfile
@@ -39,12 +39,13 @@ import numpy as np
 from evaluators.base import ArchivedState, BaseProblem, EvalResult, ParentView, ReportSection, SeedState
 from evaluators.bio.denoising.counts import OFFLINE_DEFAULT, check_source, load_counts
 from evaluators.bio.denoising.metrics import Baselines, judge
+from evaluators.bio.denoising.npy import decode_output
 from evaluators.bio.denoising.report import report_sections as baseline_sections
-from evaluators.bio.denoising.sources import CANDIDATE_ENTRY, PROGRAMS, program  # noqa: F401  (PROGRAMS, program: re-exported)
+from evaluators.bio.denoising.sources import CANDIDATE_ENTRY, CANDIDATE_RANDOM_STATE, PROGRAMS, program  # noqa: F401  (PROGRAMS, program: re-exported)
 from evaluators.bio.denoising.split import DEFAULT_SEED, Split, split_molecules
 from evaluators.bio.denoising.text import describe
 from evaluators.parsing import last_fenced_block, normalize_code
-from evaluators.sandbox.base import SandboxLimits
+from evaluators.sandbox.base import BackendRefused, SandboxLimits
 
 # App. E: "the memory limit is increased to 3GB ... we reduce the time limits for the execution to
 # 400 seconds"; 1 CPU as the released launcher's num_cpus_per_task=1.
@@ -52,7 +53,20 @@ PAPER_LIMITS = {"timeout_s": 400.0, "memory_mb": 3072, "cpus": 1}
 DRIVER_ENTRY = "denoise"  # driver.py's function the sandbox calls
 DRIVER = Path(__file__).with_name("driver.py").read_text(encoding="utf-8")
 TRAIN_FILE = "train.npy"
+ALLOW_PROCESS_OPTION = "problem_options.allow_process_backend"  # the opt-in the refusal names
 _process_warned = False
+
+
+class ProcessBackendRefused(BackendRefused):
+    """Denoising was asked to run a candidate in the process sandbox without `allow_process_backend`."""
+
+
+def process_refusal(data: str) -> str:
+    """The one line that says why denoising refuses the process sandbox and how to go on."""
+    where = "scanpy's own copy of pbmc68k_reduced" if data == OFFLINE_DEFAULT else f"the dataset file {data} if others may read it"
+    return (f"denoising refuses the process sandbox: a candidate there can read {where} and recover the held-out counts; "
+            f"use sandbox.backend: docker (build the image: make images), or set {ALLOW_PROCESS_OPTION}: true "
+            "for trusted programs only")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,6 +133,7 @@ class DenoisingProblem(BaseProblem):
         layer: str = "X",
         keep_obs: dict[str, list[Any]] | None = None,
         split_seed: int = DEFAULT_SEED,
+        allow_process_backend: bool = False,
         timeout_s: float = PAPER_LIMITS["timeout_s"],
         memory_mb: int = PAPER_LIMITS["memory_mb"],
         cpus: int = PAPER_LIMITS["cpus"],
@@ -129,6 +144,7 @@ class DenoisingProblem(BaseProblem):
         self.data = data
         self.limits = SandboxLimits(timeout_s=timeout_s, memory_mb=memory_mb, cpus=cpus)
         self.split_seed = split_seed
+        self.allow_process_backend = bool(allow_process_backend)  # docs/method.md §5d: the process sandbox shows the data
         self._dataset = _Dataset(data, layer, keep_obs, split_seed)
 
     @property
@@ -137,7 +153,7 @@ class DenoisingProblem(BaseProblem):
             "scanpy's pbmc68k_reduced (700 blood cells x 765 genes)" if self.data == OFFLINE_DEFAULT
             else f"the dataset {Path(self.data).name}"
         )
-        return describe(dataset, self.limits, self.split_seed)
+        return describe(dataset, self.limits, CANDIDATE_RANDOM_STATE)
 
     def prepared(self) -> Prepared:
         """The split, its baselines and the data directory (loaded on first use)."""
@@ -152,14 +168,16 @@ class DenoisingProblem(BaseProblem):
 
     def evaluate(self, candidate: str, parent: ParentView | None, sandbox: Any) -> EvalResult:
         """Run the candidate on the train half in `sandbox`; score its output here (docs/method.md §5d)."""
+        if getattr(sandbox, "name", "") == "process" and not self.allow_process_backend:
+            raise ProcessBackendRefused(process_refusal(self.data))
         prepared = self.prepared()
         self._warn_if_unisolated(sandbox)
-        job = {"candidate": candidate, "entry": CANDIDATE_ENTRY, "random_state": self.split_seed, "train": TRAIN_FILE}
+        job = {"candidate": candidate, "entry": CANDIDATE_ENTRY, "random_state": CANDIDATE_RANDOM_STATE, "train": TRAIN_FILE}
         run = sandbox.run(DRIVER, DRIVER_ENTRY, job, self._run_limits(prepared.split), data_dir=prepared.data_dir)
         logs = run.logs[-self.limits.max_output_bytes :]
         if not run.ok:
             return EvalResult.invalid(run.reason, observation=logs)
-        denoised, reason = decode_output(run.output)
+        denoised, reason = decode_output(run.output, prepared.split.shape)
         if denoised is None:
             return EvalResult.invalid(reason, observation=logs)
         verdict = judge(prepared.split, prepared.baselines, denoised)
@@ -193,7 +211,11 @@ class DenoisingProblem(BaseProblem):
             parts.append(
                 f"Its output: MSE {construction['mse']:.6f}, Poisson {construction['poisson']:.6f}, "
                 f"normalised MSE {construction['mse_normalized']:.4f}, normalised Poisson "
-                f"{construction['poisson_normalized']:.4f}, score {construction['score']:.4f}."
+                f"{construction['poisson_normalized']:.4f}, score {construction['score']:.4f}"
+                + (f", normalised count-scale Poisson {construction['count_poisson_normalized']:.4f}"
+                   if "count_poisson_normalized" in construction else "")
+                + (f", dropout AUC {construction['dropout_auc']:.4f}" if "dropout_auc" in construction else "")
+                + "."
             )
         return "\n\n".join(parts)
 
@@ -219,6 +241,18 @@ class DenoisingProblem(BaseProblem):
             max_file_mb=max(self.limits.max_file_mb, -(-value_bytes // 2**20) + 1),
         )
 
+    def preflight(self, sandbox_backend: str) -> list[str]:
+        """The process backend is refused unless allowed (it shows the data to the candidate); 'auto'
+        too where it would fall back to it (no Docker, or no `bio` image)."""
+        if self.allow_process_backend or sandbox_backend not in ("process", "auto"):
+            return []
+        if sandbox_backend == "auto":
+            from evaluators.sandbox import docker_unavailable
+
+            if not docker_unavailable(self.image):
+                return []  # auto picks docker
+        return [process_refusal(self.data)]
+
     def _warn_if_unisolated(self, sandbox: Any) -> None:
         global _process_warned
         if getattr(sandbox, "name", "") == "process" and not _process_warned:
@@ -232,13 +266,3 @@ class DenoisingProblem(BaseProblem):
                 stacklevel=2,
             )
 
-
-def decode_output(output: Any) -> tuple[np.ndarray | None, str]:
-    """The array the driver wrote ({"npy": base64 of .npy bytes}), read without pickle."""
-    if not isinstance(output, dict) or not isinstance(output.get("npy"), str):
-        return None, "the program returned no array (expected the driver's {'npy': ...})"
-    try:
-        raw = base64.b64decode(output["npy"], validate=True)
-        return np.load(io.BytesIO(raw), allow_pickle=False), ""
-    except (binascii.Error, ValueError, OSError, EOFError) as err:
-        return None, f"the returned array could not be read: {err}"

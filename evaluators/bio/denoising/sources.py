@@ -9,6 +9,9 @@ from typing import Any
 
 PROGRAMS = Path(__file__).with_name("programs")  # the MAGIC seed and the ALRA baseline, as candidates
 CANDIDATE_ENTRY = "magic_denoise"  # what every candidate defines (the released code's name)
+# docs/method.md §5d "The split's seed": the random_state every candidate is called with, fixed and
+# unrelated to the split's seed (which is keyed with the counts and never leaves the host).
+CANDIDATE_RANDOM_STATE = 0
 
 
 def program(name: str) -> str:
@@ -21,4 +24,4 @@ def run_program(name: str, split: Any) -> Any:
     spec = importlib.util.spec_from_file_location(f"denoising_{name}", PROGRAMS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return getattr(module, CANDIDATE_ENTRY)(split.train.copy(), random_state=split.seed)
+    return getattr(module, CANDIDATE_ENTRY)(split.train.copy(), random_state=CANDIDATE_RANDOM_STATE)

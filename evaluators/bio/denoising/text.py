@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from evaluators.bio.denoising.metrics import POISSON_ACCEPTED
+from evaluators.bio.denoising.metrics import COUNT_POISSON_MIN, DROPOUT_AUC_MIN, LIKELIHOOD_SHARE, POISSON_ACCEPTED
 from evaluators.sandbox.base import SandboxLimits
 
 
@@ -26,9 +26,18 @@ counts X; its output D is compared with the held-out counts T:
   mass that D' puts on entries where T is 0 costs about 13.8 per unit). Lower is better.
 - Each is normalised between "no denoising" (D = X, normalised value 0) and "perfect"
   (D = T, normalised value 1) on the same split; the benchmark's score is their mean.
-Your output is rejected (reward 0) unless its normalised Poisson is in [{low:g}, {high:g}]; then
-the reward is 1 / MSE, so after that constraint only the MSE counts. It is also rejected if it
-holds NaN or inf, a negative value, a value above sum(X), or has another shape than X.
+Your output is rejected (reward 0) unless
+- its normalised Poisson is in [{low:g}, {high:g}] (the published rule);
+- on the count scale it predicts the held-out counts: with L = D * sum(T) / sum(D), the Poisson
+  likelihood mean(L - T * log(L + 1e-6)), normalised the same way, is at least {COUNT_POISSON_MIN:g}
+  (scaling D changes nothing here; the input X itself scores 0, a sharpened X below 0);
+- that same normalised likelihood is at least {LIKELIHOOD_SHARE:g} times the one the initial MAGIC
+  program reaches on the same split (raising an output to a power above 1, or keeping only its
+  largest entries, lowers the MSE but makes it too sure of itself and fails this rule);
+- among the entries where X is 0, it ranks those where T holds molecules above the others with an
+  AUC of at least {DROPOUT_AUC_MIN:g} (a function of each entry's own count alone scores 0.5).
+Then the reward is 1 / MSE. It is also rejected if it holds NaN or inf, a negative or subnormal
+value, a value above sum(X), is all zero, or has another shape than X.
 
 What is known to work: diffusion over a graph of similar cells (MAGIC) with the "reversed"
 normalisation order (square root of the counts first, then divide each cell by its total, and
