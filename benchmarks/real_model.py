@@ -23,7 +23,8 @@ A killed benchmark started again with the same arguments resumes: each arm's run
 discovery run, finished runs return at once and an unfinished one resumes at its first unfinished
 task (--fresh starts over); the wall time of a run adds up over the invocations. Seeds can run as
 separate processes at once (`--seeds 0` and `--seeds 1` with the same --out), then a last
-invocation with all the seeds prints the table from the finished runs.
+invocation with all the seeds prints the table from the finished runs (--report-only: from the runs
+as they are, running nothing).
 """
 
 from __future__ import annotations
@@ -87,6 +88,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "bench-real")
     parser.add_argument("--plot", type=Path, default=ROOT / "docs" / "plots" / "real_model_circles.png")
     parser.add_argument("--fresh", action="store_true", help="delete --out first (default: finished runs are kept, unfinished ones resumed)")
+    parser.add_argument("--report-only", action="store_true", help="run nothing: print the table and draw the picture from the runs in --out")
     args = parser.parse_args()
 
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
@@ -106,8 +108,9 @@ def main() -> int:
         for arm in args.arms:
             cfg = parse_config(arm_config(base, arm, seed, args.steps, args.out))
             t0 = time.time()
-            discovery_run(config=cfg)
-            seconds[arm] += _wall_seconds(Path(cfg.run_dir), time.time() - t0)
+            if not args.report_only:
+                discovery_run(config=cfg)
+            seconds[arm] += _wall_seconds(Path(cfg.run_dir), 0.0 if args.report_only else time.time() - t0)
             records[(arm, seed)] = [rec for _, rec in run_metrics(Path(cfg.run_dir))]
             best = max((r["reward/max"] or 0.0) for r in records[(arm, seed)])
             print(f"seed {seed} {arm:>10}: best rollout {best:.4f} ({time.time() - t0:.0f} s)", flush=True)
