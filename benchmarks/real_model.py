@@ -93,6 +93,7 @@ def main() -> int:
 
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "600")  # a busy machine: Prefect's 20 s is not enough
     from discover.config import parse_config
     from discover.metrics import run_metrics
     from flows.run_flow import discovery_run
