@@ -30,19 +30,6 @@ from evaluators.bio.denoising.problem import DenoisingProblem, program  # noqa: 
 from evaluators.bio.denoising.report import PUBLISHED  # noqa: E402
 from evaluators.sandbox import sandbox_for  # noqa: E402
 
-# OpenProblems v1's "MAGIC (approximate, reversed normalisation)" through the magic-impute package.
-MAGIC_IMPUTE = """
-import numpy as np
-import magic
-
-
-def magic_denoise(X, random_state=None, **kwargs):
-    root = np.sqrt(X)
-    libsize = root.sum(axis=1)
-    libsize[libsize == 0] = 1.0
-    op = magic.MAGIC(knn=5, t=3, n_pca=100, decay=1, solver="approximate", random_state=random_state, verbose=0)
-    return np.square(op.fit_transform(root / libsize[:, None], genes="all_genes")) * libsize[:, None]
-"""
 
 # The MAGIC seed's output sharpened: a lower published MSE, a lower count-scale likelihood (the
 # likelihood rule rejects it, docs/method.md §5d).
@@ -57,7 +44,7 @@ def magic_denoise(X, **kwargs):
 
 METHODS = {
     "MAGIC seed (programs/magic.py)": program("magic"),
-    "MAGIC (magic-impute, A, R)": MAGIC_IMPUTE,
+    "MAGIC (magic-impute, A, R)": program("magic_impute"),
     "ALRA (programs/alra.py, S, RN)": program("alra"),
     "MAGIC seed ^ 1.5 (sharpened)": MAGIC_SHARPENED,
 }

@@ -26,6 +26,28 @@ def either_backend(backend: str, image: str) -> Iterator:
     box.close()
 
 
+def sandboxes_by_backend(image: str) -> Iterator:
+    """A function backend name -> sandbox (process, or Docker with `image`), each made once on first
+    use and closed afterwards. Use inside a module fixture: `yield from sandboxes_by_backend(...)`."""
+    made: dict[str, object] = {}
+
+    def get(backend: str):
+        if backend not in made:
+            if backend == "process":
+                made[backend] = ProcessSandbox()
+            else:
+                from evaluators.sandbox.docker import DockerSandbox
+
+                made[backend] = DockerSandbox(image=image, concurrency=1)
+        return made[backend]
+
+    yield get
+    for box in made.values():
+        close = getattr(box, "close", None)
+        if close is not None:
+            close()
+
+
 def alive(pid: int) -> bool:
     """The process exists and is not a zombie."""
     try:

@@ -16,6 +16,7 @@ import pytest
 from evaluators.bio.denoising.problem import DenoisingProblem, program
 from evaluators.bio.denoising.report import run_program
 from evaluators.sandbox import ProcessSandbox, docker_unavailable
+from tests.sandbox_backends import sandboxes_by_backend
 
 WHY_NO_DOCKER = docker_unavailable("bio")
 BACKENDS = [
@@ -33,22 +34,7 @@ def problem() -> DenoisingProblem:
 
 @pytest.fixture(scope="module")
 def boxes():
-    made = {}
-
-    def get(backend: str):
-        if backend not in made:
-            if backend == "process":
-                made[backend] = ProcessSandbox()
-            else:
-                from evaluators.sandbox.docker import DockerSandbox
-
-                made[backend] = DockerSandbox(image="bio", concurrency=1)
-        return made[backend]
-
-    yield get
-    for box in made.values():
-        if hasattr(box, "close"):
-            box.close()
+    yield from sandboxes_by_backend("bio")
 
 
 def _evaluate(problem: DenoisingProblem, code: str, box) -> object:

@@ -43,6 +43,7 @@ from evaluators.bio.denoising.report import run_program
 from evaluators.bio.denoising.sources import CANDIDATE_RANDOM_STATE, program
 from evaluators.bio.denoising.split import DEFAULT_SEED, keyed_seed, split_molecules
 from evaluators.sandbox import ProcessSandbox, docker_unavailable
+from tests.sandbox_backends import sandboxes_by_backend
 
 WHY_NO_DOCKER = docker_unavailable("bio")
 DOCKER = pytest.param("docker", marks=pytest.mark.skipif(bool(WHY_NO_DOCKER), reason=f"bio image not testable here: {WHY_NO_DOCKER}"))
@@ -105,20 +106,6 @@ def magic_denoise(X, **kwargs):
 '''
 
 
-# OpenProblems v1's "MAGIC (approximate, reversed normalisation)" through magic-impute (benchmarks/denoising.py)
-MAGIC_IMPUTE = """
-import numpy as np
-import magic
-
-
-def magic_denoise(X, random_state=None, **kwargs):
-    root = np.sqrt(X)
-    libsize = root.sum(axis=1)
-    libsize[libsize == 0] = 1.0
-    op = magic.MAGIC(knn=5, t=3, n_pca=100, decay=1, solver="approximate", random_state=random_state, verbose=0)
-    return np.square(op.fit_transform(root / libsize[:, None], genes="all_genes")) * libsize[:, None]
-"""
-
 
 def _load(code: str, name: str):
     spec = importlib.util.spec_from_loader(name, loader=None)
@@ -144,22 +131,7 @@ def honest(problem) -> float:
 
 @pytest.fixture(scope="module")
 def boxes():
-    made = {}
-
-    def get(backend: str):
-        if backend not in made:
-            if backend == "process":
-                made[backend] = ProcessSandbox()
-            else:
-                from evaluators.sandbox.docker import DockerSandbox
-
-                made[backend] = DockerSandbox(image="bio", concurrency=1)
-        return made[backend]
-
-    yield get
-    for box in made.values():
-        if hasattr(box, "close"):
-            box.close()
+    yield from sandboxes_by_backend("bio")
 
 
 def _evaluate(problem: DenoisingProblem, code: str, box):
@@ -335,7 +307,7 @@ def test_sharpened_candidates_in_the_sandbox_get_no_more_than_magic(problem, hon
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("case", ["magic seed", "magic-impute"])
 def test_magic_and_magic_impute_stay_valid_in_the_sandbox(problem, honest, boxes, backend, case) -> None:
-    code = program("magic") if case == "magic seed" else MAGIC_IMPUTE
+    code = program("magic") if case == "magic seed" else program("magic_impute")
     verdict = _evaluate(problem, code, boxes(backend))
     assert verdict.valid, verdict.reason
     assert verdict.reward == pytest.approx(honest, rel=0.01)
