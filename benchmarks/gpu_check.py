@@ -29,9 +29,12 @@ Parts that need vLLM are recorded as skipped where it cannot be imported. A part
 lowered to what is left of `--max-seconds` (the device tool allows 10 minutes per call), and a
 part that would get less than 30 s is recorded as not run.
 
-On the lent GPU machine (docs: ../shared/device/GPU.md), after the wheel parts have been carried
-to /tmp/parts (`prepare_wheels.sh` with ../shared/device/vllm-0.20.2-cp312.txt plus
-benchmarks/gpu_check_wheels.txt), each call runs some parts and writes to $OUT:
+On a GPU machine without a package registry, carry the wheels in parts: on a machine with one,
+`pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp
+--platform manylinux_2_35_x86_64 (and the older manylinux tags) -d wheels -r
+benchmarks/gpu_check_wheels.txt`, then `tar cf wheels.tar -C wheels .` and `split -b 48M -d
+wheels.tar part.`; copy the parts to /tmp/parts there. Each call then runs some parts and writes
+to $OUT:
 
     python3 benchmarks/gpu_check.py --wheels /tmp/parts --parts train-fp32 --max-seconds 570 --out $OUT
 
@@ -349,7 +352,7 @@ def load_docs(paths: list[Path]) -> list[dict[str, Any]]:
 
 
 def install_wheels(parts_dir: Path) -> None:
-    """Join parts_dir/part.* (prepare_wheels.sh), install the wheels into /tmp/site once, put it first on the path."""
+    """Join parts_dir/part.* (the split tar of the module docstring), install the wheels into /tmp/site once, put it first on the path."""
     if not (SITE / ".installed").is_file():
         parts = sorted(parts_dir.glob("part.*"))
         if not parts:
