@@ -58,7 +58,7 @@ from pathlib import Path
 from typing import Any
 
 from evaluators.sandbox.cgroups import Layout, RunCgroup, available
-from evaluators.sandbox.base import DATA_ENV, SandboxLimits, SandboxResult
+from evaluators.sandbox.base import DATA_ENV, BackendRefused, SandboxLimits, SandboxResult
 from evaluators.sandbox.reaping import (
     MARKER_VAR,
     acquire_run_uid,
@@ -81,7 +81,7 @@ log = logging.getLogger(__name__)
 _warned = threading.Event()
 
 
-class UnboundedProcessTree(ValueError):
+class UnboundedProcessTree(BackendRefused):
     """The process backend cannot bound a candidate's process tree here and was not allowed to run
     without that bound (sandbox.allow_unbounded_process_tree)."""
 
