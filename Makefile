@@ -9,7 +9,7 @@ EXTRAS := --extra dev --extra bio --extra real-model
 export UV_PROJECT_ENVIRONMENT := $(abspath $(VENV))
 export UV_LINK_MODE := copy
 
-.PHONY: setup demo test typecheck lock clean-venv images test-images gpu-check
+.PHONY: setup demo test typecheck lint format lock clean-venv images test-images gpu-check
 
 $(UV):
 	$(PYTHON) -m venv $(TOOLS)
@@ -42,8 +42,17 @@ test-images: setup
 typecheck: setup
 	$(VENV)/bin/mypy
 
-# The type check, then every test (tests/test_imports.py runs import-linter's floor contracts).
-test: setup test-images typecheck
+# Formatting and lint ([tool.ruff] in pyproject.toml): `make lint` checks, `make format` rewrites.
+lint: setup
+	$(VENV)/bin/ruff format --check --diff .
+	$(VENV)/bin/ruff check .
+
+format: setup
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+# Lint and the type check, then every test (tests/test_imports.py runs import-linter's floor contracts).
+test: setup test-images lint typecheck
 	$(VENV)/bin/python -m pytest -q --durations=30
 
 # Every GPU test and benchmark in one go, one results file: benchmarks/results/gpu-<date>-<gpu>.json
