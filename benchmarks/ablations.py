@@ -115,7 +115,9 @@ def table(results: dict, arms: list[str], seeds: list[int]) -> list[str]:
     for arm in arms:
         best = np.array([results[arm][str(s)]["best"] for s in seeds])
         per_seed = " ".join(f"{b:.3f}" for b in best)
-        lines.append(f"| {arm} | {best.mean():.3f} ± {best.std(ddof=1) if len(best) > 1 else 0.0:.3f} | {best.min():.3f} | {best.max():.3f} | {per_seed} |")
+        lines.append(
+            f"| {arm} | {best.mean():.3f} ± {best.std(ddof=1) if len(best) > 1 else 0.0:.3f} | {best.min():.3f} | {best.max():.3f} | {per_seed} |"
+        )
     return lines
 
 
@@ -140,7 +142,7 @@ def figure(results: dict, arms: list[str], seeds: list[int], path: Path) -> None
         ax.plot(x, top, ".", markersize=3, label="max")
         ax.set_title(arm, fontsize=8)
         ax.grid(alpha=0.3)
-    for ax in axes.flat[len(arms):]:
+    for ax in axes.flat[len(arms) :]:
         ax.axis("off")
     for ax in axes[-1]:
         ax.set_xlabel("step")
@@ -181,7 +183,13 @@ def main() -> int:
     parser.add_argument("--only", default=None, help="run only the study's arms whose name contains this text")
     parser.add_argument("--config", type=Path, default=ROOT / "configs" / "toy.yaml")
     parser.add_argument("--out", type=Path, default=None, help="default: runs/ablations-STUDY")
-    parser.add_argument("--merge", type=Path, nargs="+", default=None, help="runs nothing: one table and figure from these --out folders (a later arm of the same name replaces an earlier)")
+    parser.add_argument(
+        "--merge",
+        type=Path,
+        nargs="+",
+        default=None,
+        help="runs nothing: one table and figure from these --out folders (a later arm of the same name replaces an earlier)",
+    )
     args = parser.parse_args()
     if args.merge:
         return merge(args.merge, args.out or ROOT / "runs" / "ablations-merged")

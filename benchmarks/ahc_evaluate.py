@@ -45,9 +45,16 @@ def evaluate_once(problem, sandbox, source: str) -> dict:
     slots = problem.limits.cpus
     own = statistics.mean(row["cpu_s"] for row in m["cases"]) if m.get("cases") else 0.0
     return {
-        "valid": result.valid, "reward": result.reward, "passed": m.get("cases_passed", 0), "cases": n,
-        "wall_s": wall, "compile_s": m.get("compile_s", 0.0), "run_s": run_phase,
-        "per_case_ms": 1000 * run_phase * slots / n, "own_cpu_ms": 1000 * own, "reason": result.reason,
+        "valid": result.valid,
+        "reward": result.reward,
+        "passed": m.get("cases_passed", 0),
+        "cases": n,
+        "wall_s": wall,
+        "compile_s": m.get("compile_s", 0.0),
+        "run_s": run_phase,
+        "per_case_ms": 1000 * run_phase * slots / n,
+        "own_cpu_ms": 1000 * own,
+        "reason": result.reason,
     }
 
 
@@ -105,7 +112,9 @@ def main() -> None:
             if hasattr(box, "close"):
                 box.close()
 
-    print(f"Trivial valid program, cases {args.cases}, {problem.limits.cpus} cases at once, this machine's {len(__import__('os').sched_getaffinity(0))} cores")
+    print(
+        f"Trivial valid program, cases {args.cases}, {problem.limits.cpus} cases at once, this machine's {len(__import__('os').sched_getaffinity(0))} cores"
+    )
     print("| contest | backend | reward | passed | wall s | compile s | cases s | per case ms | program CPU ms | overhead ms/case |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for contest, backend, r in rows:

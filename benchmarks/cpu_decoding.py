@@ -64,7 +64,9 @@ def main() -> int:
     batched = sum(len(c.completion_ids) for c in policy.sample([prompt], args.k, settings, seed=100)[0])
     batched_s = time.perf_counter() - t0
 
-    print(f"{args.model}, prompt {prompt_tokens} tokens, {args.k} completions of up to {args.new_tokens} tokens, {torch.get_num_threads()} torch threads\n")
+    print(
+        f"{args.model}, prompt {prompt_tokens} tokens, {args.k} completions of up to {args.new_tokens} tokens, {torch.get_num_threads()} torch threads\n"
+    )
     print("| decoding | tokens | seconds | tokens/s |")
     print("|---|---:|---:|---:|")
     print(f"| one at a time | {single} | {single_s:.1f} | {single / single_s:.2f} |")

@@ -33,7 +33,9 @@ from evaluators.sandbox import sandbox_for  # noqa: E402
 
 # The MAGIC seed's output sharpened: a lower published MSE, a lower count-scale likelihood (the
 # likelihood rule rejects it, docs/method.md §5d).
-MAGIC_SHARPENED = program("magic") + """
+MAGIC_SHARPENED = (
+    program("magic")
+    + """
 
 _magic = magic_denoise
 
@@ -41,6 +43,7 @@ _magic = magic_denoise
 def magic_denoise(X, **kwargs):
     return _magic(X, **kwargs) ** 1.5
 """
+)
 
 METHODS = {
     "MAGIC seed (programs/magic.py)": program("magic"),
@@ -59,8 +62,10 @@ def main() -> int:
     args = parser.parse_args()
     warnings.simplefilter("ignore", RuntimeWarning)  # the process backend's isolation warning: our own code runs here
 
-    header = (f"{'seed':>4}  {'method':32} {'MSE':>8} {'Poisson':>8} {'norm MSE':>9} {'norm Pois':>9} {'score':>7} "
-              f"{'count P':>8} {'/MAGIC':>7} {'AUC0':>6} {'reward':>8} {'s':>6}  verdict")
+    header = (
+        f"{'seed':>4}  {'method':32} {'MSE':>8} {'Poisson':>8} {'norm MSE':>9} {'norm Pois':>9} {'score':>7} "
+        f"{'count P':>8} {'/MAGIC':>7} {'AUC0':>6} {'reward':>8} {'s':>6}  verdict"
+    )
     magic_beats_none = True
     for seed in args.seeds:
         # our own programs only, so the process backend (which shows the data to a candidate) is allowed
@@ -97,9 +102,11 @@ def main() -> int:
         )
         if hasattr(box, "close"):
             box.close()
-    print(f"\ncount P, /MAGIC, AUC0: normalised count-scale Poisson, its share of the MAGIC seed's (run on the host), "
-          f"and dropout AUC, our validity rules (>= {COUNT_POISSON_MIN}, >= {LIKELIHOOD_SHARE}, >= {DROPOUT_AUC_MIN}; "
-          "docs/method.md §5d).")
+    print(
+        f"\ncount P, /MAGIC, AUC0: normalised count-scale Poisson, its share of the MAGIC seed's (run on the host), "
+        f"and dropout AUC, our validity rules (>= {COUNT_POISSON_MIN}, >= {LIKELIHOOD_SHARE}, >= {DROPOUT_AUC_MIN}; "
+        "docs/method.md §5d)."
+    )
     print(f"Published on PBMC 1k (method paper, Table 7): {PUBLISHED}.")
     print("MAGIC seed beats no denoising on every split:", "yes" if magic_beats_none else "NO")
     return 0 if magic_beats_none else 1

@@ -76,20 +76,29 @@ def main(argv: list[str] | None = None) -> int:
     vl_tokens, vl_s = _measure(vl, prompts, args.per_prompt, settings)
     kv = vllm_engine.kv_cache_size(vllm_engine._HELD) if vllm_engine._HELD is not None else {}
     vllm_engine.shutdown()
-    write_figures(args.json, {
-        "gpu": gpu_name(), "model": path.name, "prompts": args.prompts, "per_prompt": args.per_prompt,
-        "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens,
-        "transformers": {"tokens": hf_tokens, "seconds": hf_s, "tokens_per_s": hf_tokens / hf_s},
-        "vllm": {"tokens": vl_tokens, "seconds": vl_s, "tokens_per_s": vl_tokens / vl_s, "memory_fraction": 0.9, "kv_cache": kv},
-        "ratio": (vl_tokens / vl_s) / (hf_tokens / hf_s),
-    })
+    write_figures(
+        args.json,
+        {
+            "gpu": gpu_name(),
+            "model": path.name,
+            "prompts": args.prompts,
+            "per_prompt": args.per_prompt,
+            "prompt_tokens": args.prompt_tokens,
+            "new_tokens": args.new_tokens,
+            "transformers": {"tokens": hf_tokens, "seconds": hf_s, "tokens_per_s": hf_tokens / hf_s},
+            "vllm": {"tokens": vl_tokens, "seconds": vl_s, "tokens_per_s": vl_tokens / vl_s, "memory_fraction": 0.9, "kv_cache": kv},
+            "ratio": (vl_tokens / vl_s) / (hf_tokens / hf_s),
+        },
+    )
 
     rows = [
         ["transformers", hf_tokens, f"{hf_s:.1f}", f"{hf_tokens / hf_s:.0f}", "1.0"],
         ["vllm", vl_tokens, f"{vl_s:.1f}", f"{vl_tokens / vl_s:.0f}", f"{(vl_tokens / vl_s) / (hf_tokens / hf_s):.1f}"],
     ]
-    print(f"\n{gpu_name()}, model {path.name}, {args.prompts} prompts x {args.per_prompt} completions, "
-          f"~{args.prompt_tokens} prompt tokens, {args.new_tokens} new tokens each, temperature 1.0")
+    print(
+        f"\n{gpu_name()}, model {path.name}, {args.prompts} prompts x {args.per_prompt} completions, "
+        f"~{args.prompt_tokens} prompt tokens, {args.new_tokens} new tokens each, temperature 1.0"
+    )
     print(table(["backend", "tokens", "seconds", "tokens/s", "ratio"], rows))
     return 0
 

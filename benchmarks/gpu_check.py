@@ -86,23 +86,102 @@ class Part:
 
 SANDBOX_ENV = {"DISCOVER_ALLOW_UNBOUNDED_PROCESS_TREE": "1"}  # a bare lent machine: no cgroup to bound the kernels' processes
 PARTS: tuple[Part, ...] = (
-    Part("train-fp32", ("{python}", "benchmarks/training.py", "--shape", "{shape}", "--lora-dtype", "float32", "--offload-cycles", "2", "--json", "{json}"),
-         570, what="one training step on the benchmark shape (8B unless --shape), float32 LoRA: tokens/s, MFU, peak memory; trainer offload/reload times"),
-    Part("train-bf16", ("{python}", "benchmarks/training.py", "--shape", "{shape}", "--lora-dtype", "bfloat16", "--json", "{json}"),
-         570, what="the same step with bf16 LoRA parameters"),
-    Part("vllm-tests", ("{python}", "-m", "pytest", "-q", "-s", "-m", "gpu", "-p", "no:cacheprovider", "tests/test_gpu_vllm.py", "--junitxml", "{junit}"),
-         570, needs_vllm=True, what="vLLM with the resident trainer: log-prob gaps, adapters, sleep/wake, a two-step run"),
-    Part("generation", ("{python}", "benchmarks/generation.py", "--shape", "{shape}", "--json", "{json}"),
-         570, needs_vllm=True, what="vLLM against the transformers backend, tokens/s; vLLM's KV cache at 0.9"),
-    Part("one-gpu", ("{python}", "benchmarks/one_gpu.py", "--shape", "{shape}", "--json", "{json}"),
-         570, needs_vllm=True, what="one copy of the weights at a time: offload, sleep/wake, KV cache, prefix-cache hit rate"),
-    Part("step-time", ("{python}", "benchmarks/step_time.py", "--shape", "{shape}", "--steps", "2", "--groups", "2", "--rollouts-per-group", "8",
-                       "--context-tokens", "8192", "--thinking-budget", "4096", "--json", "{json}"),
-         570, needs_vllm=True, env=SANDBOX_ENV, what="two reduced steps (G = 2, K = 8, 8k context), time by task"),
-    Part("trimul-tests", ("{python}", "-m", "pytest", "-q", "-s", "-m", "gpu", "-p", "no:cacheprovider", "tests/test_trimul_gpu.py", "--junitxml", "{junit}"),
-         570, env=SANDBOX_ENV, what="TriMul: timings, hostile kernels rejected, spread of 5 timings"),
-    Part("trimul-bench", ("{python}", "benchmarks/trimul.py", "--repeats", "5", "--sandbox", "process"),
-         570, env=SANDBOX_ENV, what="TriMul reference and initial kernel per shape, ratio to the published H100 figures"),
+    Part(
+        "train-fp32",
+        (
+            "{python}",
+            "benchmarks/training.py",
+            "--shape",
+            "{shape}",
+            "--lora-dtype",
+            "float32",
+            "--offload-cycles",
+            "2",
+            "--json",
+            "{json}",
+        ),
+        570,
+        what="one training step on the benchmark shape (8B unless --shape), float32 LoRA: tokens/s, MFU, peak memory; trainer offload/reload times",
+    ),
+    Part(
+        "train-bf16",
+        ("{python}", "benchmarks/training.py", "--shape", "{shape}", "--lora-dtype", "bfloat16", "--json", "{json}"),
+        570,
+        what="the same step with bf16 LoRA parameters",
+    ),
+    Part(
+        "vllm-tests",
+        ("{python}", "-m", "pytest", "-q", "-s", "-m", "gpu", "-p", "no:cacheprovider", "tests/test_gpu_vllm.py", "--junitxml", "{junit}"),
+        570,
+        needs_vllm=True,
+        what="vLLM with the resident trainer: log-prob gaps, adapters, sleep/wake, a two-step run",
+    ),
+    Part(
+        "generation",
+        ("{python}", "benchmarks/generation.py", "--shape", "{shape}", "--json", "{json}"),
+        570,
+        needs_vllm=True,
+        what="vLLM against the transformers backend, tokens/s; vLLM's KV cache at 0.9",
+    ),
+    Part(
+        "one-gpu",
+        ("{python}", "benchmarks/one_gpu.py", "--shape", "{shape}", "--json", "{json}"),
+        570,
+        needs_vllm=True,
+        what="one copy of the weights at a time: offload, sleep/wake, KV cache, prefix-cache hit rate",
+    ),
+    Part(
+        "step-time",
+        (
+            "{python}",
+            "benchmarks/step_time.py",
+            "--shape",
+            "{shape}",
+            "--steps",
+            "2",
+            "--groups",
+            "2",
+            "--rollouts-per-group",
+            "8",
+            "--context-tokens",
+            "8192",
+            "--thinking-budget",
+            "4096",
+            "--json",
+            "{json}",
+        ),
+        570,
+        needs_vllm=True,
+        env=SANDBOX_ENV,
+        what="two reduced steps (G = 2, K = 8, 8k context), time by task",
+    ),
+    Part(
+        "trimul-tests",
+        (
+            "{python}",
+            "-m",
+            "pytest",
+            "-q",
+            "-s",
+            "-m",
+            "gpu",
+            "-p",
+            "no:cacheprovider",
+            "tests/test_trimul_gpu.py",
+            "--junitxml",
+            "{junit}",
+        ),
+        570,
+        env=SANDBOX_ENV,
+        what="TriMul: timings, hostile kernels rejected, spread of 5 timings",
+    ),
+    Part(
+        "trimul-bench",
+        ("{python}", "benchmarks/trimul.py", "--repeats", "5", "--sandbox", "process"),
+        570,
+        env=SANDBOX_ENV,
+        what="TriMul reference and initial kernel per shape, ratio to the published H100 figures",
+    ),
 )
 BY_NAME = {p.name: p for p in PARTS}
 
@@ -147,7 +226,9 @@ def environment(cuda: dict[str, Any]) -> dict[str, Any]:
         except importlib.metadata.PackageNotFoundError:
             versions[name] = None
     env: dict[str, Any] = {
-        "python": platform.python_version(), "platform": platform.platform(), "host": platform.node(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "host": platform.node(),
         "versions": versions,
         "commit": os.environ.get("GPU_CHECK_COMMIT") or _run(["git", "-C", str(ROOT), "rev-parse", "HEAD"]) or "unknown",
     } | cuda
@@ -187,17 +268,32 @@ def junit_figures(path: Path) -> dict[str, Any]:
     return {"counts": counts, "tests": tests}
 
 
-def part_record(part: Part, command: str, returncode: int | None, seconds: float, output: str,
-                figures: dict[str, Any] | None, env: dict[str, Any], status: str | None = None,
-                started: str | None = None) -> dict[str, Any]:
+def part_record(
+    part: Part,
+    command: str,
+    returncode: int | None,
+    seconds: float,
+    output: str,
+    figures: dict[str, Any] | None,
+    env: dict[str, Any],
+    status: str | None = None,
+    started: str | None = None,
+) -> dict[str, Any]:
     """What the results file keeps of one part's run."""
     if status is None:
         status = "timeout" if returncode is None else ("passed" if returncode == 0 else "failed")
     return {
-        "part": part.name, "what": part.what, "command": command, "extra_env": dict(part.env),
+        "part": part.name,
+        "what": part.what,
+        "command": command,
+        "extra_env": dict(part.env),
         "started_utc": started or _now(),
-        "status": status, "returncode": returncode, "seconds": round(seconds, 2),
-        "gpu": env.get("gpu"), "driver": env.get("driver"), "figures": figures or {},
+        "status": status,
+        "returncode": returncode,
+        "seconds": round(seconds, 2),
+        "gpu": env.get("gpu"),
+        "driver": env.get("driver"),
+        "figures": figures or {},
         "output_tail": output[-TAIL_CHARS:],
     }
 
@@ -300,9 +396,22 @@ def markdown(doc: dict[str, Any]) -> str:
         "Written by `benchmarks/gpu_check.py` (`make gpu-check`); every figure below was measured by the command",
         "shown with it, on the GPU named with it. The JSON file beside this one holds the same records in full.",
         "",
-        "| | |", "|---|---|",
+        "| | |",
+        "|---|---|",
     ]
-    for key in ("gpu", "gpu_count", "gpu_memory_GiB", "capability", "driver", "driver_cuda", "torch_cuda", "python", "platform", "host", "commit"):
+    for key in (
+        "gpu",
+        "gpu_count",
+        "gpu_memory_GiB",
+        "capability",
+        "driver",
+        "driver_cuda",
+        "torch_cuda",
+        "python",
+        "platform",
+        "host",
+        "commit",
+    ):
         if key in env:
             value = env[key]
             lines.append(f"| {key} | {value:.1f} |" if isinstance(value, float) else f"| {key} | {value} |")
@@ -315,8 +424,16 @@ def markdown(doc: dict[str, Any]) -> str:
     if missing:
         lines += ["", f"Not run: {', '.join(missing)}."]
     for name, r in doc.get("parts", {}).items():
-        lines += ["", f"## {name}: {r['status']}", "", r.get("what", ""), "", f"`{r['command']}`",
-                  "", f"Started {r.get('started_utc')}, {r['seconds']} s, exit status {r['returncode']}, GPU {r.get('gpu')}, driver {r.get('driver')}."]
+        lines += [
+            "",
+            f"## {name}: {r['status']}",
+            "",
+            r.get("what", ""),
+            "",
+            f"`{r['command']}`",
+            "",
+            f"Started {r.get('started_utc')}, {r['seconds']} s, exit status {r['returncode']}, GPU {r.get('gpu')}, driver {r.get('driver')}.",
+        ]
         junit = r.get("figures", {}).get("junit")
         if junit:
             c = junit["counts"]
@@ -364,8 +481,10 @@ def install_wheels(parts_dir: Path) -> None:
                     f.write(p.read_bytes())
             shutil.unpack_archive(str(tar), str(Path(tmp) / "wh"), format="tar")
             wheels = sorted(str(w) for w in (Path(tmp) / "wh").glob("*.whl"))
-            subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-                            "--target", str(SITE), *wheels], check=True)
+            subprocess.run(
+                [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile", "--target", str(SITE), *wheels],
+                check=True,
+            )
         (SITE / ".installed").write_text("\n".join(p.name for p in parts) + "\n")
     os.environ["PYTHONPATH"] = os.pathsep.join([str(SITE)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))
     sys.path.insert(0, str(SITE))
@@ -391,7 +510,9 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown part(s) {unknown}; the parts are {[p.name for p in PARTS]}")
     if args.list:
         for p in PARTS:
-            print(f"{p.name:13s} {p.timeout_s:4d} s  {' '.join(_fill(a, 'python', 'FIGURES.json', 'JUNIT.xml', args.shape) for a in p.argv)}\n{'':20s}{p.what}")
+            print(
+                f"{p.name:13s} {p.timeout_s:4d} s  {' '.join(_fill(a, 'python', 'FIGURES.json', 'JUNIT.xml', args.shape) for a in p.argv)}\n{'':20s}{p.what}"
+            )
         return 0
     if args.merge_only:
         if not args.merge:
@@ -408,8 +529,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu-check: no CUDA device: {cuda}; nothing was run and nothing was written", file=sys.stderr)
         return 2
     env_record = environment(cuda)
-    vllm_ok = subprocess.run([sys.executable, "-c", "import vllm"], capture_output=True, env=os.environ | {"PYTHONPATH": os.pathsep.join(
-        [str(ROOT)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))}).returncode == 0
+    vllm_ok = (
+        subprocess.run(
+            [sys.executable, "-c", "import vllm"],
+            capture_output=True,
+            env=os.environ
+            | {"PYTHONPATH": os.pathsep.join([str(ROOT)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))},
+        ).returncode
+        == 0
+    )
     doc = merge(None, *load_docs(args.merge), {"environment": env_record, "parts": {}})
     paths = write_results(args.out, doc)
     for name in names:
@@ -417,7 +545,9 @@ def main(argv: list[str] | None = None) -> int:
         left = None if args.max_seconds is None else args.max_seconds - (time.perf_counter() - t_start)
         limit = part.timeout_s if left is None else min(part.timeout_s, left)
         if part.needs_vllm and not vllm_ok:
-            record = part_record(part, shown(part, args.shape), None, 0.0, "", None, env_record, status="skipped: vLLM cannot be imported here")
+            record = part_record(
+                part, shown(part, args.shape), None, 0.0, "", None, env_record, status="skipped: vLLM cannot be imported here"
+            )
         elif limit < 30:
             record = part_record(part, shown(part, args.shape), None, 0.0, "", None, env_record, status="not run: time budget spent")
         else:

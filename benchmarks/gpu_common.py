@@ -29,10 +29,7 @@ PEAK_BF16_TFLOPS = {
     "B200": 2250.0,
 }
 
-NEEDS_GPU = (
-    "needs a CUDA GPU (and, for vLLM, the gpu extra: `uv sync --extra gpu`); "
-    "no GPU figures were measured on this machine"
-)
+NEEDS_GPU = "needs a CUDA GPU (and, for vLLM, the gpu extra: `uv sync --extra gpu`); no GPU figures were measured on this machine"
 
 
 def has_cuda() -> bool:

@@ -70,8 +70,14 @@ def main(argv: list[str] | None = None) -> int:
 
     path = random_model(args.shape, args.model)
     cfg = ModelConfig(
-        name=str(path), backend="vllm", dtype="bfloat16", lora_rank=32, device="cuda:0",
-        sleep_while_training=True, offload_while_generating=True, generation_memory_fraction=args.memory_fraction,
+        name=str(path),
+        backend="vllm",
+        dtype="bfloat16",
+        lora_rank=32,
+        device="cuda:0",
+        sleep_while_training=True,
+        offload_while_generating=True,
+        generation_memory_fraction=args.memory_fraction,
     )
     from transformers import AutoTokenizer
 
@@ -80,12 +86,20 @@ def main(argv: list[str] | None = None) -> int:
     longest = max(len(tok.encode(p, add_special_tokens=False)) for p in prompts) + 64  # + the chat template's tokens
     budget = longest + args.thinking_tokens  # prompt + thinking before the forced answer
     settings = SamplingConfig(
-        context_tokens=budget + args.answer_tokens + 64, thinking_budget=budget,
-        max_answer_tokens=args.answer_tokens, think_end="</think>",
+        context_tokens=budget + args.answer_tokens + 64,
+        thinking_budget=budget,
+        max_answer_tokens=args.answer_tokens,
+        think_end="</think>",
     )
     work = Path(tempfile.mkdtemp(prefix="one-gpu-"))
-    figures: dict = {"gpu": gpu_name(), "model": path.name, "memory_fraction": placement.generation_memory_fraction(cfg),
-                     "free_GiB_at_start": _free_gib(), "settings": settings.model_dump(), "cycles": []}
+    figures: dict = {
+        "gpu": gpu_name(),
+        "model": path.name,
+        "memory_fraction": placement.generation_memory_fraction(cfg),
+        "free_GiB_at_start": _free_gib(),
+        "settings": settings.model_dump(),
+        "cycles": [],
+    }
 
     t0 = time.perf_counter()
     first = load_policy(cfg, seed=0)
@@ -143,16 +157,41 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for r in figures["cycles"]:
         kv, answer = r["kv_cache"], r["prefix_cache"].get("answer", {})
-        rows.append([
-            r["cycle"], f"{r['park']['seconds']:.2f}", f"{r.get('wake_s', r.get('engine_build_s', 0)):.1f}",
-            f"{kv.get('tokens', 0):.0f} ({kv.get('GiB', float('nan')):.1f} GiB)", f"{r['generate_tokens_per_s']:.0f}",
-            f"{answer.get('hit_rate', float('nan')):.3f}", f"{r['sleep_s']:.2f}", f"{r['unpark']['seconds']:.2f}",
-            f"{r['train_s']:.1f}", f"{r['trainer_peak_GiB']:.1f}",
-        ])
-    print(f"\n{gpu_name()}, model {path.name}, vLLM at {figures['memory_fraction']:.2f} of the GPU, "
-          f"{args.prompts} x {args.per_prompt} completions, thinking budget {budget}, answer {args.answer_tokens}")
-    print(table(["cycle", "park s", "build/wake s", "KV cache tokens", "gen tok/s", "answer hit rate",
-                 "sleep s", "unpark s", "train s", "trainer peak GiB"], rows))
+        rows.append(
+            [
+                r["cycle"],
+                f"{r['park']['seconds']:.2f}",
+                f"{r.get('wake_s', r.get('engine_build_s', 0)):.1f}",
+                f"{kv.get('tokens', 0):.0f} ({kv.get('GiB', float('nan')):.1f} GiB)",
+                f"{r['generate_tokens_per_s']:.0f}",
+                f"{answer.get('hit_rate', float('nan')):.3f}",
+                f"{r['sleep_s']:.2f}",
+                f"{r['unpark']['seconds']:.2f}",
+                f"{r['train_s']:.1f}",
+                f"{r['trainer_peak_GiB']:.1f}",
+            ]
+        )
+    print(
+        f"\n{gpu_name()}, model {path.name}, vLLM at {figures['memory_fraction']:.2f} of the GPU, "
+        f"{args.prompts} x {args.per_prompt} completions, thinking budget {budget}, answer {args.answer_tokens}"
+    )
+    print(
+        table(
+            [
+                "cycle",
+                "park s",
+                "build/wake s",
+                "KV cache tokens",
+                "gen tok/s",
+                "answer hit rate",
+                "sleep s",
+                "unpark s",
+                "train s",
+                "trainer peak GiB",
+            ],
+            rows,
+        )
+    )
     write_figures(args.json, figures)
     return 0
 

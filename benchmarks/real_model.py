@@ -87,8 +87,12 @@ def main() -> int:
     parser.add_argument("--config", type=Path, default=ROOT / "configs" / "smollm2-circles.yaml")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "bench-real")
     parser.add_argument("--plot", type=Path, default=ROOT / "docs" / "plots" / "real_model_circles.png")
-    parser.add_argument("--fresh", action="store_true", help="delete --out first (default: finished runs are kept, unfinished ones resumed)")
-    parser.add_argument("--report-only", action="store_true", help="run nothing: print the table and draw the picture from the runs in --out")
+    parser.add_argument(
+        "--fresh", action="store_true", help="delete --out first (default: finished runs are kept, unfinished ones resumed)"
+    )
+    parser.add_argument(
+        "--report-only", action="store_true", help="run nothing: print the table and draw the picture from the runs in --out"
+    )
     args = parser.parse_args()
 
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
@@ -139,7 +143,7 @@ def main() -> int:
         print(f"| {arm} | " + " | ".join(f"{_fmt(v, 2)} / {_fmt(m, 3)}" for v, m in zip(series["valid"], series["mean"])) + " |")
     if "ttt" in args.arms:
         gaps = [[records[("ttt", s)][t].get("train/logprob_gap") for s in args.seeds] for t in range(args.steps)]
-        print("\nTTT: mean |sampler - learner| log-probability gap per completion token, by step (seeds " f"{args.seeds}):")
+        print(f"\nTTT: mean |sampler - learner| log-probability gap per completion token, by step (seeds {args.seeds}):")
         print("  " + ", ".join(f"step {t}: " + "/".join("–" if g is None else f"{g:.2e}" for g in gs) for t, gs in enumerate(gaps)))
     title = f"{base['model']['name']} on {problem}, {budget} samples per arm and seed, mean over seeds {args.seeds}"
     plot(per_step, title, args.plot)

@@ -47,14 +47,18 @@ def main(argv: list[str] | None = None) -> int:
     if gpu:
         model = {"name": str(random_model(args.shape, args.model)), "backend": "vllm", "dtype": "bfloat16", "device": "cuda:0"}
         data = {
-            "problem": args.problem, "model": model,
+            "problem": args.problem,
+            "model": model,
             "sampling": {"context_tokens": args.context_tokens, "thinking_budget": args.thinking_budget, "think_end": "</think>"},
         }
         label = f"{gpu_name()}, {args.problem}, model {model['name']}, vLLM + resident trainer"
     else:
-        print(f"step-time benchmark: {NEEDS_GPU}.\nRunning the CPU variant (toy problem, tiny GPT-2, transformers backend) to check the script.")
+        print(
+            f"step-time benchmark: {NEEDS_GPU}.\nRunning the CPU variant (toy problem, tiny GPT-2, transformers backend) to check the script."
+        )
         data = {
-            "problem": "toy", "model": {"name": "tiny", "lora_rank": 8, "device": "cpu"},
+            "problem": "toy",
+            "model": {"name": "tiny", "lora_rank": 8, "device": "cpu"},
             "sampling": {"context_tokens": 2048, "thinking_budget": 2048, "max_answer_tokens": 6},
             "train": {"learning_rate": 0.003},
         }
@@ -79,9 +83,19 @@ def main(argv: list[str] | None = None) -> int:
         rows.append([f"step {step}"] + [f"{s:.1f} ({100 * s / total:.0f}%)" for s in times] + [f"{total:.1f}"])
     print(f"\n{label}; G = {args.groups}, K = {args.rollouts_per_group}; initialisation {init:.1f} s; run directory {run_dir}")
     print(table(["", *TASKS, "total s"], rows))
-    write_figures(args.json, {"label": label, "gpu": gpu_name(), "groups": args.groups, "rollouts_per_group": args.rollouts_per_group,
-                              "context_tokens": args.context_tokens, "thinking_budget": args.thinking_budget,
-                              "initialisation_s": init, "steps": per_step})
+    write_figures(
+        args.json,
+        {
+            "label": label,
+            "gpu": gpu_name(),
+            "groups": args.groups,
+            "rollouts_per_group": args.rollouts_per_group,
+            "context_tokens": args.context_tokens,
+            "thinking_budget": args.thinking_budget,
+            "initialisation_s": init,
+            "steps": per_step,
+        },
+    )
     return 0
 
 

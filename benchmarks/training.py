@@ -45,10 +45,16 @@ def rollouts(n: int, prompt: int, lo: int, hi: int, vocab: int, seed: int = 0) -
     out = []
     for _ in range(n):
         c = rng.randint(lo, hi)
-        out.append(Completion(
-            prompt_ids=[rng.randrange(vocab) for _ in range(prompt)], completion_ids=[rng.randrange(vocab) for _ in range(c)],
-            sampler_logprobs=[-8.0] * c, loss_mask=[1] * c, text="", answer="",
-        ))
+        out.append(
+            Completion(
+                prompt_ids=[rng.randrange(vocab) for _ in range(prompt)],
+                completion_ids=[rng.randrange(vocab) for _ in range(c)],
+                sampler_logprobs=[-8.0] * c,
+                loss_mask=[1] * c,
+                text="",
+                answer="",
+            )
+        )
     return out
 
 
@@ -89,13 +95,19 @@ def main(argv: list[str] | None = None) -> int:
 
     cpu = not has_cuda()
     if cpu:
-        print(f"training benchmark: {NEEDS_GPU}.\nRunning the tiny CPU variant to check the script; its figures say nothing about the 8B target.")
+        print(
+            f"training benchmark: {NEEDS_GPU}.\nRunning the tiny CPU variant to check the script; its figures say nothing about the 8B target."
+        )
         args.shape, args.rollouts, args.prompt_tokens, args.min_completion, args.max_completion = "tiny", 4, 64, 32, 192
         args.micro_batch_tokens, args.rank = 512, 8
     path = random_model(args.shape, args.model)
     model_cfg = ModelConfig(
-        name=str(path), dtype="float32" if cpu else "bfloat16", device="cpu" if cpu else "cuda:0",
-        lora_rank=args.rank, micro_batch_tokens=args.micro_batch_tokens, gradient_checkpointing=True,
+        name=str(path),
+        dtype="float32" if cpu else "bfloat16",
+        device="cpu" if cpu else "cuda:0",
+        lora_rank=args.rank,
+        micro_batch_tokens=args.micro_batch_tokens,
+        gradient_checkpointing=True,
         lora_dtype=args.lora_dtype,
     )
     policy = LoRATrainer.load(model_cfg, seed=0)
@@ -129,28 +141,78 @@ def main(argv: list[str] | None = None) -> int:
             free = torch.cuda.mem_get_info()[0] / 2**30 if not cpu else None  # what vLLM could have meanwhile
             held = torch.cuda.memory_allocated() / 2**30 if not cpu else None
             back = offload.unpark_all()
-            offload_rows.append({"cycle": i, "park": out.as_dict(), "unpark": back.as_dict(),
-                                 "free_GiB_while_parked": free, "allocated_GiB_while_parked": held})
-        print(table(["cycle", "park s", "park copied GiB", "freed GiB", "unpark s", "unpark GiB"],
-                    [[r["cycle"], f"{r['park']['seconds']:.2f}", f"{r['park']['copied_GiB']:.2f}", f"{r['park']['device_GiB']:.2f}",
-                      f"{r['unpark']['seconds']:.2f}", f"{r['unpark']['device_GiB']:.2f}"] for r in offload_rows]))
-    write_figures(args.json, {
-        "cpu_variant": cpu, "gpu": gpu_name(), "shape": args.shape, "lora_dtype": args.lora_dtype, "rank": args.rank,
-        "rollouts": len(comps), "tokens": tokens, "padded_tokens": stats["padded_tokens"], "micro_batches": stats["micro_batches"],
-        "micro_batch_tokens": args.micro_batch_tokens, "lora_params_M": lora / 1e6, "seconds": seconds,
-        "tokens_per_s": tokens / seconds, "counted_TFLOP": flops / 1e12, "peak_TFLOPs": peak,
-        "MFU": flops / seconds / (peak * 1e12) if peak else None, "MFU_6ND_ref": six_nd / seconds / (peak * 1e12) if peak else None,
-        "peak_memory_GiB": peak_gib, "offload": offload_rows,
-    })
+            offload_rows.append(
+                {
+                    "cycle": i,
+                    "park": out.as_dict(),
+                    "unpark": back.as_dict(),
+                    "free_GiB_while_parked": free,
+                    "allocated_GiB_while_parked": held,
+                }
+            )
+        print(
+            table(
+                ["cycle", "park s", "park copied GiB", "freed GiB", "unpark s", "unpark GiB"],
+                [
+                    [
+                        r["cycle"],
+                        f"{r['park']['seconds']:.2f}",
+                        f"{r['park']['copied_GiB']:.2f}",
+                        f"{r['park']['device_GiB']:.2f}",
+                        f"{r['unpark']['seconds']:.2f}",
+                        f"{r['unpark']['device_GiB']:.2f}",
+                    ]
+                    for r in offload_rows
+                ],
+            )
+        )
+    write_figures(
+        args.json,
+        {
+            "cpu_variant": cpu,
+            "gpu": gpu_name(),
+            "shape": args.shape,
+            "lora_dtype": args.lora_dtype,
+            "rank": args.rank,
+            "rollouts": len(comps),
+            "tokens": tokens,
+            "padded_tokens": stats["padded_tokens"],
+            "micro_batches": stats["micro_batches"],
+            "micro_batch_tokens": args.micro_batch_tokens,
+            "lora_params_M": lora / 1e6,
+            "seconds": seconds,
+            "tokens_per_s": tokens / seconds,
+            "counted_TFLOP": flops / 1e12,
+            "peak_TFLOPs": peak,
+            "MFU": flops / seconds / (peak * 1e12) if peak else None,
+            "MFU_6ND_ref": six_nd / seconds / (peak * 1e12) if peak else None,
+            "peak_memory_GiB": peak_gib,
+            "offload": offload_rows,
+        },
+    )
     label = "CPU smoke (tiny shape)" if cpu else f"{gpu_name()}, shape {args.shape}"
-    print(f"\n{label}: {len(comps)} rollouts, {tokens} tokens ({stats['padded_tokens']:.0f} with padding), "
-          f"{stats['micro_batches']:.0f} micro-batches of <= {args.micro_batch_tokens} tokens, LoRA rank {args.rank} "
-          f"({lora / 1e6:.1f}M params, {args.lora_dtype}), peak memory {peak_gib:.1f} GiB")
-    print(table(
-        ["step", "seconds", "tokens/s", "counted TFLOP", "MFU", "6ND TFLOP (ref.)", "MFU 6ND (ref.)", "GPU peak"],
-        [["train", f"{seconds:.1f}", f"{tokens / seconds:.0f}", f"{flops / 1e12:.0f}", mfu, f"{six_nd / 1e12:.0f}", mfu6,
-          f"{peak:.0f}" if peak else "n/a"]],
-    ))
+    print(
+        f"\n{label}: {len(comps)} rollouts, {tokens} tokens ({stats['padded_tokens']:.0f} with padding), "
+        f"{stats['micro_batches']:.0f} micro-batches of <= {args.micro_batch_tokens} tokens, LoRA rank {args.rank} "
+        f"({lora / 1e6:.1f}M params, {args.lora_dtype}), peak memory {peak_gib:.1f} GiB"
+    )
+    print(
+        table(
+            ["step", "seconds", "tokens/s", "counted TFLOP", "MFU", "6ND TFLOP (ref.)", "MFU 6ND (ref.)", "GPU peak"],
+            [
+                [
+                    "train",
+                    f"{seconds:.1f}",
+                    f"{tokens / seconds:.0f}",
+                    f"{flops / 1e12:.0f}",
+                    mfu,
+                    f"{six_nd / 1e12:.0f}",
+                    mfu6,
+                    f"{peak:.0f}" if peak else "n/a",
+                ]
+            ],
+        )
+    )
     return 0
 
 

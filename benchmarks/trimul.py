@@ -34,8 +34,10 @@ def main() -> int:
     args = parser.parse_args()
     gpus = local_gpus()
     if not gpus:
-        print("no GPU: nvidia-smi lists no CUDA GPU on this machine, so nothing can be timed. "
-              "Run this on a GPU machine (the CPU correctness check runs in tests/test_trimul_cpu.py).")
+        print(
+            "no GPU: nvidia-smi lists no CUDA GPU on this machine, so nothing can be timed. "
+            "Run this on a GPU machine (the CPU correctness check runs in tests/test_trimul_cpu.py)."
+        )
         return 0
     problem = TriMulProblem(device="cuda")
     box = sandbox_for(problem, args.sandbox, 1)
@@ -55,9 +57,11 @@ def main() -> int:
         print(f"\n{name} on {c['gpu']} (torch {c['torch']}, triton {c['triton']}; evaluation {time.time() - t0:.0f} s)")
         for shape, mean, std, calls in zip(SHAPES["benchmarks"], c["runtimes_us"], c["std_us"], c["timed_calls"]):
             print(f"  {describe(shape):48s} {mean:10.1f} µs ± {std:6.1f} ({calls} calls)")
-        print(f"  geometric mean {c['geomean_us']:.1f} µs, reward {v.reward:.4f}; ratio to the published H100 figures: "
-              f"{c['geomean_us'] / published['1st_human']:.2f} x best human ({published['1st_human']} µs), "
-              f"{c['geomean_us'] / published['ttt_discover']:.2f} x TTT-Discover ({published['ttt_discover']} µs)")
+        print(
+            f"  geometric mean {c['geomean_us']:.1f} µs, reward {v.reward:.4f}; ratio to the published H100 figures: "
+            f"{c['geomean_us'] / published['1st_human']:.2f} x best human ({published['1st_human']} µs), "
+            f"{c['geomean_us'] / published['ttt_discover']:.2f} x TTT-Discover ({published['ttt_discover']} µs)"
+        )
     if "reference (float32, TF32 off)" in results and "initial kernel" in results:
         ratio = results["reference (float32, TF32 off)"]["geomean_us"] / results["initial kernel"]["geomean_us"]
         print(f"\nthe initial kernel is {ratio:.2f} x as fast as the reference (geometric means)")
@@ -71,8 +75,10 @@ def main() -> int:
                 print(f"repeat invalid: {v.reason}")
         if len(geomeans) > 1:
             spread = (max(geomeans) - min(geomeans)) / statistics.mean(geomeans)
-            print(f"\n{len(geomeans)} timings of the initial kernel: {', '.join(f'{g:.1f}' for g in geomeans)} µs; "
-                  f"spread (max - min) / mean {100 * spread:.2f}%, stdev {statistics.stdev(geomeans):.1f} µs")
+            print(
+                f"\n{len(geomeans)} timings of the initial kernel: {', '.join(f'{g:.1f}' for g in geomeans)} µs; "
+                f"spread (max - min) / mean {100 * spread:.2f}%, stdev {statistics.stdev(geomeans):.1f} µs"
+            )
     return 0
 
 

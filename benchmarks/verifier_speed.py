@@ -53,7 +53,9 @@ def main() -> int:
             worst = max(worst, rel)
             rows.append((problem, path.stem, len(f), t_direct, t_fft, t_direct / t_fft, b_fft, rel))
 
-    print(f"{'problem':8} {'construction':24} {'pieces':>7} {'direct ms':>10} {'fft ms':>8} {'ratio':>7} {'bound (fft)':>14} {'rel. diff':>9}")
+    print(
+        f"{'problem':8} {'construction':24} {'pieces':>7} {'direct ms':>10} {'fft ms':>8} {'ratio':>7} {'bound (fft)':>14} {'rel. diff':>9}"
+    )
     for problem, name, n, t_direct, t_fft, ratio, b, rel in rows:
         print(f"{problem:8} {name:24} {n:7d} {1e3 * t_direct:10.2f} {1e3 * t_fft:8.2f} {ratio:6.1f}x {b:14.10f} {rel:9.1e}")
     print(f"largest relative difference between the two certified bounds: {worst:.1e} (must be < 1e-9)")

@@ -32,7 +32,9 @@ def evaluate(
     sandbox: str = typer.Option("auto", "--sandbox", help=f"the sandbox backend: {', '.join(BACKENDS)}"),
     timeout: Optional[float] = typer.Option(None, "--timeout", min=0.001, help="seconds; overrides the problem's time limit"),
     memory_mb: Optional[int] = typer.Option(None, "--memory-mb", min=16, help="MB; overrides the problem's memory limit"),
-    cases: Optional[str] = typer.Option(None, "--cases", help="AtCoder problems: the public cases to run, e.g. 0-9 or 0,5,7-9 (default all 150)"),
+    cases: Optional[str] = typer.Option(
+        None, "--cases", help="AtCoder problems: the public cases to run, e.g. 0-9 or 0,5,7-9 (default all 150)"
+    ),
     keep_going: bool = typer.Option(False, "--keep-going", help="AtCoder problems: run every case even after one fails"),
 ) -> None:
     """Score one candidate program in the sandbox (AtCoder problems: a progress line per case on stderr)."""

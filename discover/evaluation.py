@@ -88,9 +88,7 @@ def evaluator_source(problem: Problem) -> str:
 
 def candidate_key(run_id: str, step: int, candidate: str, parent: ParentView, evaluator: str) -> str:
     """The cache key of one candidate of a step (the same program from the same parent: one key)."""
-    content = hashlib.sha256(
-        json.dumps([candidate, parent.code, parent.construction], sort_keys=True, allow_nan=True).encode()
-    ).hexdigest()
+    content = hashlib.sha256(json.dumps([candidate, parent.code, parent.construction], sort_keys=True, allow_nan=True).encode()).hexdigest()
     return hashlib.sha256(json.dumps([run_id, step, content, evaluator]).encode()).hexdigest()
 
 
@@ -124,7 +122,10 @@ def judge_candidate(problem: Problem, candidate: str, parent: ParentView | None,
             what = what[:500] + "..."
         log.error(
             "candidate %s of %s: the evaluator raised while judging it (%s); it is scored 0 (an evaluator fault, not retried)",
-            who, problem.name, what, exc_info=log.isEnabledFor(logging.DEBUG),
+            who,
+            problem.name,
+            what,
+            exc_info=log.isEnabledFor(logging.DEBUG),
         )
         return EvalResult.invalid(f"{EVALUATOR_FAULT}: judging this candidate raised {what}")
 
@@ -141,7 +142,9 @@ def run_job(job: CandidateJob) -> EvalResult:
     config = json.loads(job.config_json)
     problem = _problem(job.config_json)
     sandbox = sandbox_for(
-        problem, config["sandbox"]["backend"], config["sandbox"]["concurrency"],
+        problem,
+        config["sandbox"]["backend"],
+        config["sandbox"]["concurrency"],
         config["sandbox"].get("allow_unbounded_process_tree", False),
     )
     t0 = time.time()
@@ -233,7 +236,9 @@ class StepEvaluation:
         total, t0, shown = len(self._pending), time.time(), 0
         log.info(
             "step %d evaluate: %d distinct candidates stored, %d running",
-            self.step, len(self._results), total,
+            self.step,
+            len(self._results),
+            total,
         )
         while self._pending:
             self._drain(timeout=5.0)

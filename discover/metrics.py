@@ -81,8 +81,12 @@ def step_metrics(run_dir: Path, step: int, problem: Any = None) -> Record:
     """
     layout = RunLayout(Path(run_dir))
     record: Record = {
-        "reward/best": None, "reward/mean": None, "reward/max": None, "reward/valid_fraction": None,
-        "archive/size": None, "tokens/completion": None,
+        "reward/best": None,
+        "reward/mean": None,
+        "reward/max": None,
+        "reward/valid_fraction": None,
+        "archive/size": None,
+        "tokens/completion": None,
     }
     if layout.evaluations(step).is_file():
         ev = pq.read_table(layout.evaluations(step), columns=["reward", "valid"])

@@ -63,8 +63,17 @@ def slot_counts(k: int, greedy: int, neighbourhood: int, past: int) -> tuple[int
     return k - beta - gamma, beta, gamma
 
 
-def mixed_stream(policy: Policy, contexts: list[str], k: int, sampling: SamplingConfig, seed: int, neighbourhood_seed: int,
-                 past: list[Rollout], greedy: int, neighbourhood: int) -> Iterator[tuple[int, int, Completion]]:
+def mixed_stream(
+    policy: Policy,
+    contexts: list[str],
+    k: int,
+    sampling: SamplingConfig,
+    seed: int,
+    neighbourhood_seed: int,
+    past: list[Rollout],
+    greedy: int,
+    neighbourhood: int,
+) -> Iterator[tuple[int, int, Completion]]:
     """(group, index, completion) for K slots a group: indices [0, alpha) on-policy, then beta greedy,
     then gamma neighbourhood completions (docs/method.md §6, MIGRATE's Algorithm 1), each yielded when ready."""
     import torch

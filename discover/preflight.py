@@ -54,13 +54,14 @@ def check_model_backend(model: ModelConfig) -> None:
 
     if importlib.util.find_spec("vllm") is None:
         raise PreflightError(
-            "model.backend 'vllm' needs the gpu extra (`uv sync --extra gpu`, Linux x86_64 with CUDA); "
-            "or set model.backend: transformers"
+            "model.backend 'vllm' needs the gpu extra (`uv sync --extra gpu`, Linux x86_64 with CUDA); or set model.backend: transformers"
         )
     import torch
 
     if not torch.cuda.is_available():
-        raise PreflightError("model.backend 'vllm' needs a CUDA GPU and none is visible here; run on a GPU worker or set model.backend: transformers")
+        raise PreflightError(
+            "model.backend 'vllm' needs a CUDA GPU and none is visible here; run on a GPU worker or set model.backend: transformers"
+        )
 
 
 def check_process_tree_bound(problem, backend: str) -> None:

@@ -85,8 +85,11 @@ class Evaluation(EvalResult):
     def of(cls, rollout: Rollout, step: int, result: EvalResult, code: str) -> "Evaluation":
         return cls(
             **result.verdict_fields(),
-            group=rollout.group, index=rollout.index, child_id=child_id(step, rollout.group, rollout.index),
-            parent_id=rollout.parent_id, code=code,
+            group=rollout.group,
+            index=rollout.index,
+            child_id=child_id(step, rollout.group, rollout.index),
+            parent_id=rollout.parent_id,
+            code=code,
         )
 
 
@@ -114,17 +117,31 @@ class State:
     def seed(cls, index: int, code: str, result: EvalResult, key: str) -> "State":
         """Seed `index` of the run (docs/method.md §1): an invalid seed enters with reward 0."""
         return cls(
-            id=f"seed-{index}", parent_id=None, step=-1, reward=result.reward, code=code,
-            construction=result.construction, observation=result.observation, is_seed=True, key=key,
+            id=f"seed-{index}",
+            parent_id=None,
+            step=-1,
+            reward=result.reward,
+            code=code,
+            construction=result.construction,
+            observation=result.observation,
+            is_seed=True,
+            key=key,
         )
 
     @classmethod
     def child(cls, evaluation: Evaluation, step: int, lineage: tuple[str, ...], key: str, parent_reward: float | None) -> "State":
         """The state a valid evaluation becomes when the archive takes it (docs/method.md §1.4)."""
         return cls(
-            id=evaluation.child_id, parent_id=evaluation.parent_id, step=step, reward=evaluation.reward,
-            code=evaluation.code, construction=evaluation.construction, observation=evaluation.observation,
-            lineage=lineage, key=key, parent_reward=parent_reward,
+            id=evaluation.child_id,
+            parent_id=evaluation.parent_id,
+            step=step,
+            reward=evaluation.reward,
+            code=evaluation.code,
+            construction=evaluation.construction,
+            observation=evaluation.observation,
+            lineage=lineage,
+            key=key,
+            parent_reward=parent_reward,
         )
 
 

@@ -83,8 +83,12 @@ def reevaluate_states(
     problem = run.problem()
     host = socket.gethostname()
     no_gpu = problem.needs_gpu and not local_gpus()
-    sandbox = None if no_gpu else sandbox_for(
-        problem, run.config.sandbox.backend, run.config.sandbox.concurrency, run.config.sandbox.allow_unbounded_process_tree
+    sandbox = (
+        None
+        if no_gpu
+        else sandbox_for(
+            problem, run.config.sandbox.backend, run.config.sandbox.concurrency, run.config.sandbox.allow_unbounded_process_tree
+        )
     )
     rows = []
     for state in top_states(run_dir, k):
@@ -104,7 +108,12 @@ def reevaluate_states(
         rows.append(
             Reevaluation(
                 **{**result.verdict_fields(), "metrics": numbers, "seconds": time.time() - t0},
-                state_id=state.id, step=state.step, archived_reward=float(state.reward), pool=pool, host=host, gpu=ran_on,
+                state_id=state.id,
+                step=state.step,
+                archived_reward=float(state.reward),
+                pool=pool,
+                host=host,
+                gpu=ran_on,
             )
         )
     return rows

@@ -106,7 +106,12 @@ def model_answers(run_dir: Path) -> list[str]:
     rollouts = read_rollouts(layout.rollouts(step))
     verdicts = read_evaluations(layout.evaluations(step))
     ranked = sorted(zip(rollouts, verdicts), key=lambda rv: rv[1].reward, reverse=True)
-    lines = ["## The model's answers", "", f"The best and the worst rollout of step {step}, as the model wrote them (first {ANSWER_CHARS} characters).", ""]
+    lines = [
+        "## The model's answers",
+        "",
+        f"The best and the worst rollout of step {step}, as the model wrote them (first {ANSWER_CHARS} characters).",
+        "",
+    ]
     for title, (rollout, verdict) in (("Best", ranked[0]), ("Worst", ranked[-1])):
         text = rollout.text if len(rollout.text) <= ANSWER_CHARS else rollout.text[:ANSWER_CHARS] + " [...]"
         outcome = f"reward {verdict.reward:.6g}" if verdict.valid else f"invalid: {verdict.reason[:200]}"

@@ -79,9 +79,7 @@ def select_puct(archive: Archive, count: int, c: float = 1.0) -> list[str]:
     return _fill(taken, count)
 
 
-def select_epsilon_greedy(
-    archive: Archive, count: int, rng: np.random.Generator, epsilon: float = 0.1
-) -> list[str]:
+def select_epsilon_greedy(archive: Archive, count: int, rng: np.random.Generator, epsilon: float = 0.1) -> list[str]:
     """Per slot: the best state with probability 1 - epsilon, else uniform over the archive.
 
     Each slot draws one rng.random(), plus one rng.integers() when it explores.

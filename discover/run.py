@@ -84,10 +84,20 @@ class Run:
         L = self.layout
         return {
             "select_parents": {"archive": L.archive(step)},
-            "generate": {"parents": L.parents(step), "checkpoint": L.checkpoint(step), "archive": L.archive(step), **self._past_rollouts(step)},
+            "generate": {
+                "parents": L.parents(step),
+                "checkpoint": L.checkpoint(step),
+                "archive": L.archive(step),
+                **self._past_rollouts(step),
+            },
             "evaluate": {"archive": L.archive(step), "rollouts": L.rollouts(step)},
             "update_archive": {"archive": L.archive(step), "parents": L.parents(step), "evaluations": L.evaluations(step)},
-            "train": {"rollouts": L.rollouts(step), "evaluations": L.evaluations(step), "checkpoint": L.checkpoint(step), "archive": L.archive(step)},
+            "train": {
+                "rollouts": L.rollouts(step),
+                "evaluations": L.evaluations(step),
+                "checkpoint": L.checkpoint(step),
+                "archive": L.archive(step),
+            },
         }[task]
 
     def _past_rollouts(self, step: int) -> dict[str, Path]:

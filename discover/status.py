@@ -32,8 +32,14 @@ def step_summaries(run_dir: Path) -> tuple[list[list[str]], RunConfig]:
         beta, lo, hi = (r.get(f"train/beta_{k}") for k in ("mean", "min", "max"))
         beta_text = "–" if beta is None else f"{beta:.3g}" + ("" if lo is None or hi is None else f" ({lo:.3g}–{hi:.3g})")
         times = [_fmt(r.get(f"time/{t}"), ".1f") + ("s" if r.get(f"time/{t}") is not None else "") for t in TASKS]
-        out.append([
-            str(r["step"]), _fmt(r.get("reward/best"), ".4f"), _fmt(r.get("reward/mean"), ".4f"),
-            _fmt(r.get("reward/valid_fraction"), ".0%"), beta_text, *times,
-        ])
+        out.append(
+            [
+                str(r["step"]),
+                _fmt(r.get("reward/best"), ".4f"),
+                _fmt(r.get("reward/mean"), ".4f"),
+                _fmt(r.get("reward/valid_fraction"), ".0%"),
+                beta_text,
+                *times,
+            ]
+        )
     return out, load_config(RunLayout(Path(run_dir)).config)

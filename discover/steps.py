@@ -110,15 +110,17 @@ def select_parents(run_dir: Path, step: int) -> Ref:
     archive = load_archive(inputs["archive"])
     problem = run.problem()
     rng = np.random.default_rng(run.seed("select_parents", step))
-    chosen = choose_parents(
-        archive, config.reuse.rule, config.groups, rng, c=config.reuse.puct_c, epsilon=config.reuse.epsilon
-    )
+    chosen = choose_parents(archive, config.reuse.rule, config.groups, rng, c=config.reuse.puct_c, epsilon=config.reuse.epsilon)
     groups = []
     for g, parent_id in enumerate(chosen):
         s = archive[parent_id]
         context = build_context(
-            problem.description, problem.render_state(s.code, s.construction), s.reward, s.observation,
-            previous_reward=s.parent_reward, target=problem.target,
+            problem.description,
+            problem.render_state(s.code, s.construction),
+            s.reward,
+            s.observation,
+            previous_reward=s.parent_reward,
+            target=problem.target,
         )
         groups.append({"group": g, "parent_id": parent_id, "parent_reward": s.reward, "context": context})
     out = run.writes("select_parents", step)
@@ -146,8 +148,15 @@ def generate(run_dir: Path, step: int, on_rollout: Callable[[Rollout], None] | N
     if m.greedy or m.neighbourhood:  # docs/method.md §6, MIGRATE: slots from the best past completions and a neighbourhood prompt
         past = best_past_rollouts(load_archive(inputs["archive"]), run.layout.rollouts, max(m.greedy, 1))  # the files Run.reads lists
         stream = mixed_stream(
-            policy, contexts, config.rollouts_per_group, sampling, run.seed("generate", step),
-            run.seed("neighbourhood", step), past, m.greedy, m.neighbourhood,
+            policy,
+            contexts,
+            config.rollouts_per_group,
+            sampling,
+            run.seed("generate", step),
+            run.seed("neighbourhood", step),
+            past,
+            m.greedy,
+            m.neighbourhood,
         )
     else:
         stream = policy.sample_stream(contexts, config.rollouts_per_group, sampling, run.seed("generate", step))
@@ -186,7 +195,12 @@ def evaluate(run_dir: Path, step: int, evaluation: StepEvaluation | None = None)
     rewards = [e.reward for e in evaluations]
     log.info(
         "step %d evaluate: %d/%d valid, best %.6f, mean %.6f in %.1f s",
-        step, sum(e.valid for e in evaluations), len(evaluations), max(rewards), float(np.mean(rewards)), time.time() - t0,
+        step,
+        sum(e.valid for e in evaluations),
+        len(evaluations),
+        max(rewards),
+        float(np.mean(rewards)),
+        time.time() - t0,
     )
     return run.ref(out)
 
@@ -217,7 +231,9 @@ def train(run_dir: Path, step: int) -> Ref:
     lazy = 0
     if config.train.lazy_penalty is not None:  # ThetaEvolve (docs/method.md §6): a child already in H earns the penalty
         problem, archive = run.problem(), load_archive(inputs["archive"])
-        rewards, lazy = lazy_rewards(rewards, evaluations, {s.key for s in archive.states.values() if s.key}, problem.archive_key, config.train.lazy_penalty)
+        rewards, lazy = lazy_rewards(
+            rewards, evaluations, {s.key for s in archive.states.values() if s.key}, problem.archive_key, config.train.lazy_penalty
+        )
     rewards_by_group: dict[int, list[float]] = {}
     for r in rollouts:
         rewards_by_group.setdefault(r.group, []).append(rewards[(r.group, r.index)])
@@ -250,15 +266,21 @@ def train(run_dir: Path, step: int) -> Ref:
             advantages=[float(advantages[r.group][r.index]) for r in rollouts],
         )
         optimizer = src / "optimizer.pt"
-        stats |= policy.train_step(batch, config.train, temperature=config.sampling.temperature, optimizer_state=optimizer if optimizer.is_file() else None)
+        stats |= policy.train_step(
+            batch, config.train, temperature=config.sampling.temperature, optimizer_state=optimizer if optimizer.is_file() else None
+        )
         with atomic_dir(dst) as tmp:
             policy.save(tmp / "adapter", tmp / "optimizer.pt")
     stats["seconds"] = time.time() - t0
     atomic_write_json(run.layout.train_stats(step), stats)
     beta = f"{stats['beta_mean']:.3g}" if stats["beta_mean"] is not None else "n/a"
     log.info(
-        "step %d train: loss %s, beta %s, %d groups with signal, sampler/learner log-prob gap %s", step,
-        f"{stats.get('loss', float('nan')):.4g}", beta, stats["groups_with_signal"], f"{stats.get('logprob_gap', float('nan')):.3g}",
+        "step %d train: loss %s, beta %s, %d groups with signal, sampler/learner log-prob gap %s",
+        step,
+        f"{stats.get('loss', float('nan')):.4g}",
+        beta,
+        stats["groups_with_signal"],
+        f"{stats.get('logprob_gap', float('nan')):.3g}",
     )
     return run.ref(dst)
 

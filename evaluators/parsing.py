@@ -15,11 +15,7 @@ def last_fenced_block(answer: str, languages: tuple[str, ...] = ()) -> str | Non
     An unclosed final fence counts as a block running to the end of the answer, since the model
     may have hit its token limit mid-block.
     """
-    blocks = [
-        body
-        for tag, body in _FENCE.findall(answer)
-        if not languages or not tag or tag.lower() in languages
-    ]
+    blocks = [body for tag, body in _FENCE.findall(answer) if not languages or not tag or tag.lower() in languages]
     if not blocks:
         return None
     body = blocks[-1].strip("\n")

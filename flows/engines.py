@@ -102,7 +102,7 @@ def _dask(config: RunConfig, resources: Resources) -> Iterator[str]:
             if not any(_fits(w.get("resources") or {}, wanted) for w in workers.values()):
                 raise ValueError(
                     f"no worker of the Dask cluster at {address} offers the resources one candidate needs "
-                    f"({_dask_flag(wanted)}); start workers with `dask worker {address} --resources \"{_dask_flag(wanted)}\"` "
+                    f'({_dask_flag(wanted)}); start workers with `dask worker {address} --resources "{_dask_flag(wanted)}"` '
                     "or more (README, Operations: Evaluation on a cluster)"
                 )
         log.info("evaluation on the Dask cluster at %s (%d workers)", address, len(workers))
@@ -124,7 +124,12 @@ def _dask(config: RunConfig, resources: Resources) -> Iterator[str]:
         resources=offered,
     )
     with cluster:
-        log.info("evaluation on a local Dask cluster at %s: %d workers of %d threads", cluster.scheduler_address, config.evaluation.workers, threads)
+        log.info(
+            "evaluation on a local Dask cluster at %s: %d workers of %d threads",
+            cluster.scheduler_address,
+            config.evaluation.workers,
+            threads,
+        )
         yield cluster.scheduler_address
 
 
@@ -172,4 +177,3 @@ def _ray(config: RunConfig, resources: Resources) -> Iterator[None]:
         yield
     finally:
         ray.shutdown()
-

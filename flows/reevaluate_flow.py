@@ -41,6 +41,10 @@ def reevaluate(run_dir: str, top_k: int = 5, gpu_limit: str | None = None) -> st
 
         slot = partial(concurrency, gpu_limit, occupy=1, strict=True)
     rows, out = reevaluate_run(Path(run_dir), top_k, pool, slot)
-    create_table_artifact(table_rows(rows), key="reevaluation-" + "".join(c if c.isalnum() else "-" for c in pool.lower()), description=f"{run_dir}: {out.name}")
+    create_table_artifact(
+        table_rows(rows),
+        key="reevaluation-" + "".join(c if c.isalnum() else "-" for c in pool.lower()),
+        description=f"{run_dir}: {out.name}",
+    )
     log.info("re-evaluated %d states of %s on %s: %s", len(rows), run_dir, pool, out)
     return str(out)

@@ -54,7 +54,9 @@ DEFAULT_IMAGES = ("python-math", "cpp20", "bio")  # gpu: only when named (severa
 WHEEL_PYTHON = "3.11"  # the Python of both bases: python:3.11-slim and Debian bookworm's python3
 # Every manylinux tag up to bookworm's glibc 2.36 (pip does not widen a --platform it is given).
 WHEEL_PLATFORMS = [f"manylinux_2_{minor}_x86_64" for minor in range(36, 4, -1)] + [
-    "manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64",
+    "manylinux2014_x86_64",
+    "manylinux2010_x86_64",
+    "manylinux1_x86_64",
 ]
 OFFLINE_ENV = ("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8")
 
@@ -95,7 +97,9 @@ def _ensure_debootstrap() -> str:
     if os.geteuid() == 0 and shutil.which("apt-get"):
         _log("installing debootstrap with apt-get")
         subprocess.run(["apt-get", "update", "-qq"], check=True)
-        subprocess.run(["apt-get", "install", "-y", "-qq", "debootstrap"], check=True, env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+        subprocess.run(
+            ["apt-get", "install", "-y", "-qq", "debootstrap"], check=True, env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        )
         return shutil.which("debootstrap") or "/usr/sbin/debootstrap"
     raise SystemExit("the offline base needs debootstrap (apt-get install debootstrap) and root")
 
@@ -136,7 +140,9 @@ def offline_base(client, packages: list[str]) -> str:
         _log(f"reusing {tarball.relative_to(ROOT)}")
     start = time.monotonic()
     repo, tag = ref.split(":")
-    client.api.import_image_from_file(str(tarball), repository=repo, tag=tag, changes=[f"ENV {e}" for e in OFFLINE_ENV] + ['CMD ["/bin/sh"]'])
+    client.api.import_image_from_file(
+        str(tarball), repository=repo, tag=tag, changes=[f"ENV {e}" for e in OFFLINE_ENV] + ['CMD ["/bin/sh"]']
+    )
     _log(f"imported {ref} in {time.monotonic() - start:.0f} s")
     return ref
 
@@ -237,9 +243,19 @@ def download_wheels(name: str) -> Path:
     _log(f"downloading the wheels of {requirements.relative_to(ROOT)} into {dest.relative_to(ROOT)}")
     start = time.monotonic()
     cmd = [
-        *_pip(), "download", "--quiet", "--disable-pip-version-check", "--no-deps", "--only-binary=:all:",
-        "--python-version", WHEEL_PYTHON, *(arg for p in WHEEL_PLATFORMS for arg in ("--platform", p)),
-        "-r", str(requirements), "-d", str(dest),
+        *_pip(),
+        "download",
+        "--quiet",
+        "--disable-pip-version-check",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--python-version",
+        WHEEL_PYTHON,
+        *(arg for p in WHEEL_PLATFORMS for arg in ("--platform", p)),
+        "-r",
+        str(requirements),
+        "-d",
+        str(dest),
     ]
     done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if done.returncode != 0:
@@ -273,8 +289,13 @@ def build(client, name: str, base_mode: str, force: bool = False) -> str:
 
     try:
         _, logs = client.images.build(
-            fileobj=build_context(name), custom_context=True, tag=tag, buildargs={"BASE": base, **build_args(name)},
-            pull=False, rm=True, forcerm=True,
+            fileobj=build_context(name),
+            custom_context=True,
+            tag=tag,
+            buildargs={"BASE": base, **build_args(name)},
+            pull=False,
+            rm=True,
+            forcerm=True,
             labels={HASH_LABEL: digest, "discover.image": name, "discover.base": base},
         )
     except docker.errors.BuildError as e:

@@ -1,16 +1,16 @@
 """Where each step's outputs live inside a run directory.
 
-    run_dir/
-      run.json                     run id and creation time
-      config.yaml                  the resolved configuration, every default written out
-      manifest.json                finished tasks: step, task, output path and hash, timings
-      archive/0000.parquet         the archive entering step 0 (the seeds); archive/0001 after step 0, ...
-      steps/0003/parents.json      select_parents: the chosen start states and their contexts
-      steps/0003/rollouts.parquet  generate: tokens, sampler log-probabilities, text
-      steps/0003/evaluations.parquet  evaluate: reward, validity, reason, child state per rollout
-      steps/0003/candidates/<key>.json  one evaluated candidate each, as it finishes (resume keeps them)
-      steps/0003/train.json        train: loss, beta and advantage statistics
-      checkpoints/0003/            the policy used at step 3: LoRA adapter, optimizer state, RNG state
+run_dir/
+  run.json                     run id and creation time
+  config.yaml                  the resolved configuration, every default written out
+  manifest.json                finished tasks: step, task, output path and hash, timings
+  archive/0000.parquet         the archive entering step 0 (the seeds); archive/0001 after step 0, ...
+  steps/0003/parents.json      select_parents: the chosen start states and their contexts
+  steps/0003/rollouts.parquet  generate: tokens, sampler log-probabilities, text
+  steps/0003/evaluations.parquet  evaluate: reward, validity, reason, child state per rollout
+  steps/0003/candidates/<key>.json  one evaluated candidate each, as it finishes (resume keeps them)
+  steps/0003/train.json        train: loss, beta and advantage statistics
+  checkpoints/0003/            the policy used at step 3: LoRA adapter, optimizer state, RNG state
 """
 
 from __future__ import annotations

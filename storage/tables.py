@@ -103,8 +103,17 @@ def _derive_columns(cls: type) -> tuple[_Column, ...]:
         factory = f.default_factory is not _MISSING
         default = f.default_factory if factory else f.default
         out.append(
-            _Column(f.name, column, arrow, as_json, expand, typing.get_origin(hints[f.name]) is tuple,
-                    tuple(meta.get("formerly", ())), default, factory)
+            _Column(
+                f.name,
+                column,
+                arrow,
+                as_json,
+                expand,
+                typing.get_origin(hints[f.name]) is tuple,
+                tuple(meta.get("formerly", ())),
+                default,
+                factory,
+            )
         )
     return tuple(out)
 

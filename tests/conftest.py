@@ -87,7 +87,10 @@ def prefect_server(tmp_path_factory: pytest.TempPathFactory):
     prefect = Path(sys.executable).parent / "prefect"
     proc = subprocess.Popen(
         [str(prefect), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     api = f"http://127.0.0.1:{port}/api"
     deadline = time.monotonic() + SERVER_STARTUP_TIMEOUT_S

@@ -49,8 +49,18 @@ def test_table8_arms_are_the_papers_rows_at_one_budget(tmp_path: Path) -> None:
 def test_defaults_study_differs_only_in_the_released_rules(tmp_path: Path) -> None:
     former, released = _configs(ablations.DEFAULTS, tmp_path).values()
     ours = next(iter(_configs(ablations.TABLE8, tmp_path).values()))  # the project's defaults
-    assert (former.reuse.seed_states, former.reuse.invalid_children, former.reuse.children_scope, former.reuse.deduplicate) == (1, "zero", "step", False)
-    assert (ours.reuse.seed_states, ours.reuse.invalid_children, ours.reuse.children_scope, ours.reuse.deduplicate) == (None, "ignore", "archive", True)
+    assert (former.reuse.seed_states, former.reuse.invalid_children, former.reuse.children_scope, former.reuse.deduplicate) == (
+        1,
+        "zero",
+        "step",
+        False,
+    )
+    assert (ours.reuse.seed_states, ours.reuse.invalid_children, ours.reuse.children_scope, ours.reuse.deduplicate) == (
+        None,
+        "ignore",
+        "archive",
+        True,
+    )
     assert ours.reuse == released.reuse and not ours.train.kl_center and released.train.kl_center
     assert former.train == ours.train and former.mixed == ours.mixed == released.mixed
 

@@ -127,10 +127,15 @@ def test_collinear_vertices_are_allowed_and_change_nothing() -> None:
         ("4\n0 0\n10 0\n10 0\n0 10\n", "vertices 1 and 2 are both (10, 0)"),
         ("4\n0 0\n10 0\n12 10\n0 10\n", "the edge from vertex 1 (10, 0) to vertex 2 (12, 10) is neither horizontal nor vertical"),
         (fmt([(0, 0), (10, 0), (10, 10), (0, 12)]), "the edge from vertex 2 (10, 10) to vertex 3 (0, 12)"),
-        (fmt([(0, 0), (100000, 0), (100000, 100000), (60000, 100000), (60000, 1), (40000, 1), (40000, 100000), (0, 100000)]),
-         "the total edge length is 599998, more than 400000"),
+        (
+            fmt([(0, 0), (100000, 0), (100000, 100000), (60000, 100000), (60000, 1), (40000, 1), (40000, 100000), (0, 100000)]),
+            "the total edge length is 599998, more than 400000",
+        ),
         (fmt([(0, 0), (20, 0), (20, 10), (5, 10), (5, 20), (15, 20), (15, 5), (0, 5)]), "intersects itself"),  # edges cross
-        (fmt([(0, 0), (10, 0), (10, 10), (20, 10), (20, 20), (10, 20), (10, 10), (0, 10)]), "vertices 2 and 6 are both (10, 10)"),  # a pinch
+        (
+            fmt([(0, 0), (10, 0), (10, 10), (20, 10), (20, 20), (10, 20), (10, 10), (0, 10)]),
+            "vertices 2 and 6 are both (10, 10)",
+        ),  # a pinch
         (fmt([(0, 0), (20, 0), (20, 10), (10, 10), (10, 0)]), "intersects itself"),  # a vertex on another edge
         (fmt([(0, 0), (20, 0), (10, 0), (10, 10), (0, 10)]), "intersects itself"),  # turning back along the line
         (fmt([(0, 0), (30, 0), (30, 10), (20, 10), (20, 5), (10, 5), (10, 10), (0, 10), (0, 5), (5, 5), (5, 0)]), "intersects itself"),
@@ -141,9 +146,28 @@ def test_collinear_vertices_are_allowed_and_change_nothing() -> None:
         (fmt([(0, 0), (100000, 0), (100000, 100000), (0, 100000), (0, 50000), (0, 1)]), None),
     ],
     ids=[
-        "m<4", "m>1000", "x<0", "x>1e5", "y>1e5", "decimal", "word", "count-word", "truncated",
-        "duplicate", "slanted", "slanted-closing", "too-long", "crossing", "pinch", "t-junction",
-        "turn-back", "shared-stretch", "not-utf8", "valid-square", "valid-notch", "valid-collinear",
+        "m<4",
+        "m>1000",
+        "x<0",
+        "x>1e5",
+        "y>1e5",
+        "decimal",
+        "word",
+        "count-word",
+        "truncated",
+        "duplicate",
+        "slanted",
+        "slanted-closing",
+        "too-long",
+        "crossing",
+        "pinch",
+        "t-junction",
+        "turn-back",
+        "shared-stretch",
+        "not-utf8",
+        "valid-square",
+        "valid-notch",
+        "valid-collinear",
     ],
 )
 def test_every_rule_broken_once_names_the_rule(output: str | bytes, reason: str | None) -> None:
@@ -213,7 +237,9 @@ def test_a_5000_digit_number_gets_a_verdict() -> None:
     inp = points_input([(12, 12)], [(100, 100)])
     huge = "7" * 5000
     for output in (
-        f"4 10 10 20 10 20 20 10 {huge}", f"{huge} 10 10", f"4 10 10 20 10 20 20 10 20\n-{huge}",
+        f"4 10 10 20 10 20 20 10 {huge}",
+        f"{huge} 10 10",
+        f"4 10 10 20 10 20 20 10 20\n-{huge}",
         f"4\n{huge} 0\n" + "4 10 10 20 10 20 20 10 20",  # inside the first polygon, with more after it
     ):
         verdict = judge_output(inp, output)

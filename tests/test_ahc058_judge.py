@@ -108,7 +108,13 @@ def test_an_apple_count_beyond_64_bits_is_exact() -> None:
     """A hand-made game (cheap machines, T = 1000) where S exceeds 2^64: the count and its score are
     exact."""
     n, levels, turns = 10, 4, 1000
-    text = f"{n} {levels} {turns} 1\n" + " ".join(["1"] + ["100"] * (n - 1)) + "\n" + "\n".join(" ".join(["1"] * n) for _ in range(levels)) + "\n"
+    text = (
+        f"{n} {levels} {turns} 1\n"
+        + " ".join(["1"] + ["100"] * (n - 1))
+        + "\n"
+        + "\n".join(" ".join(["1"] * n) for _ in range(levels))
+        + "\n"
+    )
     inp = parse_input(text)
     # machine 0^0 first (the only apple must start production), then the levels of ID 1 in turn
     actions = [(0, 0)] + [(t % levels, 1) for t in range(1, turns)]

@@ -97,7 +97,16 @@ def test_discover_judge_prints_valid_score_and_reason(tmp_path: Path) -> None:
     out.write_text(EXAMPLE_039)
     result = CliRunner().invoke(app, ["judge", "ahc039", "0", str(out), "--json"])
     assert result.exit_code == 0
-    assert json.loads(result.output) == {"problem": "ahc039", "valid": True, "score": 1739, "reason": "", "mackerels": 2481, "sardines": 743, "vertices": 6, "polygons": 1}
+    assert json.loads(result.output) == {
+        "problem": "ahc039",
+        "valid": True,
+        "score": 1739,
+        "reason": "",
+        "mackerels": 2481,
+        "sardines": 743,
+        "vertices": 6,
+        "polygons": 1,
+    }
     inp = tmp_path / "in.txt"
     inp.write_text(public_inputs("ahc058")[3])
     out.write_text("-1\n" * 499)
@@ -143,6 +152,8 @@ def test_summary_metrics_are_cases_and_mean_score() -> None:
     from evaluators.base import EvalResult
 
     p = get_problem("ahc058")
-    verdict = EvalResult(reward=1.0, valid=True, metrics={"cases_passed": 2, "cases_run": 2, "cases_total": 2, "mean_score": 5.0, "cases": []})
+    verdict = EvalResult(
+        reward=1.0, valid=True, metrics={"cases_passed": 2, "cases_run": 2, "cases_total": 2, "mean_score": 5.0, "cases": []}
+    )
     assert p.summary_metrics(verdict) == {"cases_passed": 2.0, "cases_total": 2.0, "mean_score": 5.0}
     assert p.summary_metrics(EvalResult.invalid("compile error")) == {}

@@ -34,25 +34,23 @@ def program(body: str, headers: str = "") -> str:
 VALID = program(RECTANGLE + " return 0;")
 X2, Y2 = map(int, public_inputs("ahc039")[2].split()[1:3])  # case 2's first mackerel
 SLOW_ON_CASE_2 = program(
-    f"int n, x, y; if (scanf(\"%d %d %d\", &n, &x, &y) != 3) return 1;\n"
+    f'int n, x, y; if (scanf("%d %d %d", &n, &x, &y) != 3) return 1;\n'
     f"if (x == {X2} && y == {Y2}) {{ volatile unsigned long k = 0; for (;;) k++; }}\n" + RECTANGLE
 )
 TWO_GB = program(
-    "std::vector<char> v(2000000000ULL); for (size_t i = 0; i < v.size(); i += 4096) v[i] = 1;\n"
-    "printf(\"%d\\n\", v[4096]);", headers="#include <vector>\n"
+    'std::vector<char> v(2000000000ULL); for (size_t i = 0; i < v.size(); i += 4096) v[i] = 1;\nprintf("%d\\n", v[4096]);',
+    headers="#include <vector>\n",
 )
 CRASH = program("volatile int *p = nullptr; *p = 1; " + RECTANGLE)
 NO_COMPILE = program("return undefined_name;")
 GARBAGE = program('printf("the best net is a circle\\n");')
-LEAVES_A_CHILD = program(
-    f'if (fork() == 0) {{ setsid(); execl("/bin/sleep", "{MARKER}", "1000", (char *)0); _exit(0); }}\n' + RECTANGLE
-)
+LEAVES_A_CHILD = program(f'if (fork() == 0) {{ setsid(); execl("/bin/sleep", "{MARKER}", "1000", (char *)0); _exit(0); }}\n' + RECTANGLE)
 TRIES_TO_KILL_THE_RUNNER = program("kill(getppid(), SIGKILL); kill(-1, SIGKILL); " + RECTANGLE)
 SNOOPS = program(
     # the case's input file and the runner's files sit next to the program's directory (its cwd)
     'char runner_out[64]; snprintf(runner_out, sizeof runner_out, "/proc/%d/fd/1", (int)getppid());\n'
     'const char *paths[] = {"../io/input", "../io", "/proc/1/environ", runner_out};\n'
-    "for (const char *p : paths) { FILE *f = fopen(p, \"r\"); if (f) { printf(\"read %s\\n\", p); return 0; } }\n"
+    'for (const char *p : paths) { FILE *f = fopen(p, "r"); if (f) { printf("read %s\\n", p); return 0; } }\n'
     # its cwd is not writable (docker) or its own private directory (process: 0700, its uid's)
     'FILE *w = fopen("leftover.txt", "w"); struct stat st;\n'
     'if (w && (stat(".", &st) != 0 || (st.st_mode & 077) || st.st_uid != getuid())) { printf("wrote a file in a shared directory\\n"); return 0; }\n'

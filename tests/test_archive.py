@@ -29,8 +29,14 @@ def _state(id, reward, parent=None, lineage=(), seed=False, m=None, n=0, step=0)
 def _child(id, parent, reward, valid=True, step=1, key=""):
     """A step's evaluation of a child; the test's archive key travels in its code ("key:K")."""
     return Evaluation(
-        child_id=id, parent_id=parent, group=0, index=0, reward=reward, valid=valid,
-        code=f"key:{key}" if key else f"# {id}", reason="" if valid else "invalid",
+        child_id=id,
+        parent_id=parent,
+        group=0,
+        index=0,
+        reward=reward,
+        valid=valid,
+        code=f"key:{key}" if key else f"# {id}",
+        reason="" if valid else "invalid",
     )
 
 

@@ -118,8 +118,15 @@ def test_the_step_closure_holds_the_helpers_a_step_calls_and_nothing_outside() -
 
     closure = set(module_closure("discover.steps"))
     # direct and indirect imports, an import inside a function, a problem named in the registry
-    for name in ("discover.steps", "discover.prompts", "discover.reuse", "evaluators.parsing",
-                 "discover.policy.transformers_backend", "evaluators.toy.digits", "storage.atomic"):
+    for name in (
+        "discover.steps",
+        "discover.prompts",
+        "discover.reuse",
+        "evaluators.parsing",
+        "discover.policy.transformers_backend",
+        "evaluators.toy.digits",
+        "storage.atomic",
+    ):
         assert name in closure, name
     assert not {m for m in closure if m.split(".")[0] in ("cli", "flows", "tests")}
 
@@ -136,7 +143,9 @@ def test_an_edit_in_a_helper_a_step_calls_changes_the_key(tmp_path: Path) -> Non
     def key() -> str:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
         env.update(PYTHONPATH=str(tmp_path), PREFECT_HOME=str(tmp_path / "prefect-home"))
-        proc = subprocess.run([sys.executable, "-c", _KEY_SCRIPT, str(tmp_path)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        proc = subprocess.run(
+            [sys.executable, "-c", _KEY_SCRIPT, str(tmp_path)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         return proc.stdout.strip().splitlines()[-1]
 

@@ -91,9 +91,7 @@ def test_math_configs_force_a_closed_thinking_block_on_a_qwen3_model(qwen3_polic
     tok = qwen3_policy.sampler.tokenizer
     prompt_len = len(qwen3_policy.sampler.render_prompt(PROMPT, s.think_end))
     think = 6
-    settings = SamplingConfig(
-        context_tokens=512, thinking_budget=prompt_len + think, max_answer_tokens=8, think_end=s.think_end
-    )
+    settings = SamplingConfig(context_tokens=512, thinking_budget=prompt_len + think, max_answer_tokens=8, think_end=s.think_end)
     forced_ids = tok.encode(FORCED_PHRASE + "</think>\n\n", add_special_tokens=False)
     close = tok.convert_tokens_to_ids("</think>")
     assert close in forced_ids  # '</think>' is one token in the forced text, as the model writes it

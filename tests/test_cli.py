@@ -31,7 +31,18 @@ def test_verify_erdos_reproduces_the_published_bounds(published: Path, name: str
 
 @pytest.mark.parametrize(
     "construction",
-    ["[NaN, 0.5]", "[Infinity, 0.5]", "[-0.1, 0.5]", "[1.5, 0.5]", "[]", json.dumps([0.5] * 1001), '["a", 0.5]', "[true, 0.5]", '{"values": 3}', '"text"'],
+    [
+        "[NaN, 0.5]",
+        "[Infinity, 0.5]",
+        "[-0.1, 0.5]",
+        "[1.5, 0.5]",
+        "[]",
+        json.dumps([0.5] * 1001),
+        '["a", 0.5]',
+        "[true, 0.5]",
+        '{"values": 3}',
+        '"text"',
+    ],
 )
 def test_verify_rejects_invalid_constructions_with_a_reason(tmp_path: Path, construction: str) -> None:
     path = tmp_path / "c.json"

@@ -29,7 +29,11 @@ def test_defaults_are_the_papers_table_9() -> None:
     "data, field, hint",
     [
         ({"problem": "toy", "reuse": {"rule": "pcut"}}, "reuse.rule", "'puct', 'epsilon-greedy', 'none' or 'chains'"),
-        ({"problem": "toy", "train": {"objective": "grpo"}}, "train.objective", "'entropic-adaptive', 'entropic-constant', 'expected' or 'none'"),
+        (
+            {"problem": "toy", "train": {"objective": "grpo"}},
+            "train.objective",
+            "'entropic-adaptive', 'entropic-constant', 'expected' or 'none'",
+        ),
         ({"problem": "nope"}, "problem", "allowed values: " + ", ".join(problem_names())),
         ({"problem": "toy", "stepz": 3}, "stepz", "unknown field"),
         ({"problem": "toy", "train": {"learning_rate": 0}}, "train.learning_rate", "greater than 0"),

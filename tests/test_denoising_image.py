@@ -49,9 +49,14 @@ def test_a_candidate_in_the_container_imports_every_allowed_library_at_the_hosts
     from evaluators.sandbox.base import SandboxLimits
     from evaluators.sandbox.docker import DockerSandbox
 
-    program = "import importlib.metadata as md\nimport " + ", ".join(ALLOWED) + "\n" + (
-        "def versions(_):\n    return {d: md.version(d) for d in ('numpy', 'scipy', 'scikit-learn', 'scanpy', "
-        "'graphtools', 'scprep', 'magic-impute', 'anndata', 'pandas')}\n"
+    program = (
+        "import importlib.metadata as md\nimport "
+        + ", ".join(ALLOWED)
+        + "\n"
+        + (
+            "def versions(_):\n    return {d: md.version(d) for d in ('numpy', 'scipy', 'scikit-learn', 'scanpy', "
+            "'graphtools', 'scprep', 'magic-impute', 'anndata', 'pandas')}\n"
+        )
     )
     with DockerSandbox(image="bio", concurrency=1) as box:
         run = box.run(program, "versions", None, SandboxLimits(timeout_s=300, memory_mb=3072, cpus=1))

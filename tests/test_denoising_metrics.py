@@ -78,9 +78,7 @@ def test_small_example_by_hand() -> None:
     assert mse(test, D) == pytest.approx(expected_mse, rel=1e-12)
     # Poisson as published: D' = D * 4/9, mean(T - D' ln(T + 1e-6))
     s = 4 / 9
-    expected_poisson = (
-        (1 - s * 1 * L(1 + 1e-6)) + (1 - s * 3 * L(1 + 1e-6)) + (2 - s * 1 * L(2 + 1e-6)) + (0 - s * 1 * L(1e-6))
-    ) / 4
+    expected_poisson = ((1 - s * 1 * L(1 + 1e-6)) + (1 - s * 3 * L(1 + 1e-6)) + (2 - s * 1 * L(2 + 1e-6)) + (0 - s * 1 * L(1e-6))) / 4
     assert poisson(train.sum(), test, D) == pytest.approx(expected_poisson, rel=1e-12)
     assert expected_poisson == pytest.approx(2.4580, abs=1e-4)  # the 0-count entry alone adds 13.8 x 4/9 / 4
 
@@ -139,7 +137,7 @@ def test_reward_is_one_over_mse_when_the_normalised_poisson_is_in_range(pbmc_spl
     assert verdict.metrics["score"] == pytest.approx((verdict.metrics["mse_normalized"] + verdict.metrics["poisson_normalized"]) / 2)
     rejected = judge(s, b, s.train)  # no denoising: normalised Poisson 0
     assert not rejected.valid and rejected.reward == 0.0 and "outside [0.97, 1" in rejected.reason
-    above = judge(s, b, s.test ** 2)  # mass piled on the largest held-out counts: normalised Poisson > 1
+    above = judge(s, b, s.test**2)  # mass piled on the largest held-out counts: normalised Poisson > 1
     assert above.metrics["poisson_normalized"] > 1.0 and not above.valid and above.reward == 0.0
 
 

@@ -16,6 +16,7 @@ from tests.conftest import RUN_SCRIPT, archive_records
 
 pytestmark = pytest.mark.slow
 
+
 def test_two_steps_keep_the_magic_seed_with_its_reward(tmp_path: Path, long_context_tiny_model: Path, cli_env: dict[str, str]) -> None:
     run_dir = tmp_path / "denoising"
     config = {

@@ -61,7 +61,10 @@ INVALID = {
     "nan": ("import numpy as np\ndef magic_denoise(X, **kw):\n    Y = X.copy()\n    Y[3, 4] = np.nan\n    return Y\n", "non-finite"),
     "negative": ("def magic_denoise(X, **kw):\n    return X - 0.5\n", "negative values"),
     "wrong shape": ("def magic_denoise(X, **kw):\n    return X[:, 1:]\n", "expected (700, 765)"),
-    "too large": ("def magic_denoise(X, **kw):\n    Y = X.copy()\n    Y[0, 0] = X.sum() + 1\n    return Y\n", "above the train matrix's total"),
+    "too large": (
+        "def magic_denoise(X, **kw):\n    Y = X.copy()\n    Y[0, 0] = X.sum() + 1\n    return Y\n",
+        "above the train matrix's total",
+    ),
     "raising": ("def magic_denoise(X, **kw):\n    raise RuntimeError('boom')\n", "RuntimeError: boom"),
     "not numbers": ("def magic_denoise(X, **kw):\n    return {'a': 1}\n", "not real numbers"),
     "no function": ("def denoise(X):\n    return X\n", "no function `magic_denoise`"),
@@ -97,7 +100,7 @@ def test_the_process_backend_warns_that_it_does_not_isolate_the_dataset(problem)
 
 # A candidate that hunts for the held-out counts by every route it has, says what each gave, and
 # returns what it found (or its input when nothing): a leak would score normalised MSE 1.
-HOSTILE = r'''
+HOSTILE = r"""
 import os, sys, time
 import numpy as np
 
@@ -169,15 +172,29 @@ def magic_denoise(X, **kwargs):
         if found is None and (A >= 0).all():
             found = A
     return X if found is None else found
-'''
+"""
 
-SANDBOX_ENV = {"PATH", "HOME", "TMPDIR", "LANG", "LC_ALL", "PYTHONHASHSEED", "PYTHONDONTWRITEBYTECODE", "PYTHONNOUSERSITE",
-               "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS", "DISCOVER_DATA",
-               "DISCOVER_SANDBOX_RUN", "LC_CTYPE"}
+SANDBOX_ENV = {
+    "PATH",
+    "HOME",
+    "TMPDIR",
+    "LANG",
+    "LC_ALL",
+    "PYTHONHASHSEED",
+    "PYTHONDONTWRITEBYTECODE",
+    "PYTHONNOUSERSITE",
+    "OMP_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "NUMEXPR_NUM_THREADS",
+    "DISCOVER_DATA",
+    "DISCOVER_SANDBOX_RUN",
+    "LC_CTYPE",
+}
 
 
 def _routes(logs: str) -> dict[str, str]:
-    return dict(line[len("route "):].split(": ", 1) for line in logs.splitlines() if line.startswith("route "))
+    return dict(line[len("route ") :].split(": ", 1) for line in logs.splitlines() if line.startswith("route "))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

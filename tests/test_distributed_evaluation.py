@@ -145,7 +145,14 @@ def test_an_existing_dask_cluster_must_offer_what_a_candidate_needs(tmp_path: Pa
     def engine(address: str):
         return evaluation_engine(parse_config(_config(tmp_path / "run", runner="dask", address=address)))
 
-    common = {"n_workers": 1, "threads_per_worker": 1, "processes": False, "protocol": "tcp", "host": "127.0.0.1", "dashboard_address": None}
+    common = {
+        "n_workers": 1,
+        "threads_per_worker": 1,
+        "processes": False,
+        "protocol": "tcp",
+        "host": "127.0.0.1",
+        "dashboard_address": None,
+    }
     with LocalCluster(**common) as bare:  # workers that declare no resources would never run a candidate
         with pytest.raises(ValueError, match=r'no worker of the Dask cluster .* --resources "CPU=2 MEMORY=1073741824"'):
             with engine(bare.scheduler_address):

@@ -143,7 +143,9 @@ def test_reap_orphans_removes_containers_of_dead_owners():
 
     client = docker.from_env()
     c = client.containers.create(
-        image_ref("python-math"), ["sleep", "600"], network_mode="none",
+        image_ref("python-math"),
+        ["sleep", "600"],
+        network_mode="none",
         labels={LABEL: "1", OWNER_LABEL: f"{socket.gethostname()}:999999999:1"},
     )
     try:
@@ -208,7 +210,9 @@ def test_thousand_evaluations_leave_no_container_and_no_process():
     box.close()
     time.sleep(1.0)
     containers_after, procs_after = len(_ours()), len(_run_uid_pids())
-    print(f"\n1000 evaluations at concurrency {concurrency}: {elapsed:.1f} s; "
-          f"containers {containers_before} -> {containers_after}; candidate/keeper processes {procs_before} -> {procs_after}")
+    print(
+        f"\n1000 evaluations at concurrency {concurrency}: {elapsed:.1f} s; "
+        f"containers {containers_before} -> {containers_after}; candidate/keeper processes {procs_before} -> {procs_after}"
+    )
     assert containers_after == containers_before
     assert procs_after == procs_before

@@ -134,9 +134,7 @@ def test_evaluate_passes_the_parent_and_limits_and_keeps_logs(problem):
 
 def test_end_to_end_in_the_process_sandbox(problem):
     sandbox = ProcessSandbox()
-    good = problem.evaluate(
-        "import numpy as np\ndef construct(parent):\n    return np.full(50, 0.5)\n", None, sandbox
-    )
+    good = problem.evaluate("import numpy as np\ndef construct(parent):\n    return np.full(50, 0.5)\n", None, sandbox)
     assert good.valid and good.reward == pytest.approx(2.0) and good.metrics["pieces"] == 50
 
     parent = ParentView(code="", construction=[0.2, 0.6, 0.7, 0.5])

@@ -66,7 +66,12 @@ def test_the_table_matches_scoring_every_rollout_directly(run: Run) -> None:
         parent = archive[r.parent_id]
         direct = problem.evaluate(candidate, ParentView(parent.code, parent.construction), None)
         assert (e.reward, e.valid, e.reason, e.construction, e.metrics, e.code) == (
-            direct.reward, direct.valid, direct.reason, direct.construction, direct.metrics, candidate,
+            direct.reward,
+            direct.valid,
+            direct.reason,
+            direct.construction,
+            direct.metrics,
+            candidate,
         )
 
 
@@ -121,11 +126,16 @@ def test_the_key_holds_run_step_content_parent_and_evaluator() -> None:
     parent = ParentView("", "12")
     base = candidate_key("run", 0, "34", parent, evaluator_source(toy))
     assert base == candidate_key("run", 0, "34", ParentView("", "12"), evaluator_source(toy))
-    assert len({
-        base,
-        candidate_key("other", 0, "34", parent, evaluator_source(toy)),
-        candidate_key("run", 1, "34", parent, evaluator_source(toy)),
-        candidate_key("run", 0, "35", parent, evaluator_source(toy)),
-        candidate_key("run", 0, "34", ParentView("", "13"), evaluator_source(toy)),
-        candidate_key("run", 0, "34", parent, evaluator_source(erdos)),
-    }) == 6
+    assert (
+        len(
+            {
+                base,
+                candidate_key("other", 0, "34", parent, evaluator_source(toy)),
+                candidate_key("run", 1, "34", parent, evaluator_source(toy)),
+                candidate_key("run", 0, "35", parent, evaluator_source(toy)),
+                candidate_key("run", 0, "34", ParentView("", "13"), evaluator_source(toy)),
+                candidate_key("run", 0, "34", parent, evaluator_source(erdos)),
+            }
+        )
+        == 6
+    )

@@ -25,11 +25,23 @@ H200 = {"gpu": "NVIDIA H200", "driver": "580.95.05", "versions": {"torch": "2.11
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the message on a machine without CUDA")
 def test_without_a_cuda_device_it_fails_fast_and_writes_nothing(tmp_path):
     out = tmp_path / "results"
-    done = subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--out", str(out)], cwd=ROOT, env=NO_GPU_ENV,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "benchmarks/gpu_check.py", "--out", str(out)],
+        cwd=ROOT,
+        env=NO_GPU_ENV,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2 and "no CUDA device" in done.stderr and not out.exists()
-    make = subprocess.run(["make", "-s", "gpu-check", f"GPU_PYTHON={sys.executable}", f"GPU_CHECK_OUT={out}"], cwd=ROOT,
-                          env=NO_GPU_ENV, capture_output=True, text=True, timeout=120)
+    make = subprocess.run(
+        ["make", "-s", "gpu-check", f"GPU_PYTHON={sys.executable}", f"GPU_CHECK_OUT={out}"],
+        cwd=ROOT,
+        env=NO_GPU_ENV,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert make.returncode != 0 and "no CUDA device" in make.stderr and not out.exists()
 
 
@@ -47,17 +59,23 @@ def _junit(path: Path) -> Path:
 def test_results_file_merges_parts_from_several_calls(tmp_path):
     train = gpu_check.BY_NAME["train-fp32"]
     tests = gpu_check.BY_NAME["vllm-tests"]
-    first = {"environment": H100, "parts": {
-        "train-fp32": gpu_check.part_record(train, "python benchmarks/training.py ...", 1, 12.0, "out of memory", {}, H100),
-    }}
+    first = {
+        "environment": H100,
+        "parts": {
+            "train-fp32": gpu_check.part_record(train, "python benchmarks/training.py ...", 1, 12.0, "out of memory", {}, H100),
+        },
+    }
     junit = gpu_check.junit_figures(_junit(tmp_path / "junit.xml"))
     assert junit["counts"] == {"tests": 3, "failures": 1, "errors": 0, "skipped": 1, "passed": 1}
     assert junit["tests"]["tests.test_gpu_vllm::test_b"]["outcome"] == "failed"
     figures = {"MFU": 0.4123, "tokens_per_s": 5000.0, "offload": [{"cycle": 0, "park": {"seconds": 1.25}}]}
-    second = {"environment": H100, "parts": {
-        "vllm-tests": gpu_check.part_record(tests, "python -m pytest ...", 1, 300.0, "1 failed", {"junit": junit}, H100),
-        "train-fp32": gpu_check.part_record(train, "python benchmarks/training.py ...", 0, 95.0, "ok", figures, H100),  # a re-run
-    }}
+    second = {
+        "environment": H100,
+        "parts": {
+            "vllm-tests": gpu_check.part_record(tests, "python -m pytest ...", 1, 300.0, "1 failed", {"junit": junit}, H100),
+            "train-fp32": gpu_check.part_record(train, "python benchmarks/training.py ...", 0, 95.0, "ok", figures, H100),  # a re-run
+        },
+    }
     doc = gpu_check.merge(first, second)
     assert list(doc["parts"]) == ["train-fp32", "vllm-tests"]  # the parts' order, not the calls'
     assert doc["parts"]["train-fp32"]["status"] == "passed" and doc["parts"]["train-fp32"]["figures"]["MFU"] == 0.4123
@@ -71,8 +89,14 @@ def test_results_file_merges_parts_from_several_calls(tmp_path):
     assert "Not run: train-bf16, generation, one-gpu, step-time, trimul-tests, trimul-bench." in md
 
     # a third call on another machine, merged from the files alone (no GPU needed)
-    one = {"environment": H200, "parts": {"one-gpu": gpu_check.part_record(gpu_check.BY_NAME["one-gpu"], "python benchmarks/one_gpu.py ...",
-                                                                            None, 570.0, "killed", {}, H200)}}
+    one = {
+        "environment": H200,
+        "parts": {
+            "one-gpu": gpu_check.part_record(
+                gpu_check.BY_NAME["one-gpu"], "python benchmarks/one_gpu.py ...", None, 570.0, "killed", {}, H200
+            )
+        },
+    }
     (tmp_path / "third.json").write_text(json.dumps(one))
     assert gpu_check.main(["--merge-only", "--merge", str(json_path), str(tmp_path / "third.json"), "--out", str(tmp_path / "merged")]) == 0
     (merged,) = (tmp_path / "merged").glob("gpu-*-nvidia-h200.json")  # the latest environment names the file
@@ -85,8 +109,13 @@ def test_results_file_merges_parts_from_several_calls(tmp_path):
 
 
 def test_a_part_runs_in_a_child_and_its_figures_and_timeout_are_recorded():
-    writes = gpu_check.Part("fake", ("{python}", "-c", "import json,sys; json.dump({'x': 1.5}, open(sys.argv[1], 'w')); print('made')", "{json}"),
-                            60, env={"FAKE": "1"}, what="a fake part")
+    writes = gpu_check.Part(
+        "fake",
+        ("{python}", "-c", "import json,sys; json.dump({'x': 1.5}, open(sys.argv[1], 'w')); print('made')", "{json}"),
+        60,
+        env={"FAKE": "1"},
+        what="a fake part",
+    )
     record = gpu_check.run_part(writes, H100, 60, sys.executable)
     assert record["status"] == "passed" and record["figures"] == {"x": 1.5} and "made" in record["output_tail"]
     assert record["command"].startswith("FAKE=1 python -c ") and record["command"].endswith("FIGURES.json")

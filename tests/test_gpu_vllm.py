@@ -195,8 +195,10 @@ def test_lora_generations_after_sleep_and_wake_are_identical(model_dir, tmp_path
     _reset_prefix_cache()
     e = policy.sample(PROMPTS, 4, SETTINGS, seed=9)
     assert ids(d) == ids(e) == ids(a)
-    print(f"\nLoRA across sleep/wake: identical tokens, max |d logprob| {float((lps(c) - lps(a)).abs().max()):.2e}; "
-          f"sleep {slept:.2f} s, wake + sample {woke_and_sampled:.2f} s")
+    print(
+        f"\nLoRA across sleep/wake: identical tokens, max |d logprob| {float((lps(c) - lps(a)).abs().max()):.2e}; "
+        f"sleep {slept:.2f} s, wake + sample {woke_and_sampled:.2f} s"
+    )
 
 
 def test_two_step_erdos_run_with_vllm_and_the_trainer(model_dir, tmp_path):
@@ -207,12 +209,18 @@ def test_two_step_erdos_run_with_vllm_and_the_trainer(model_dir, tmp_path):
     from discover.run import Run
 
     run_dir = tmp_path / "run"
-    cfg = parse_config({
-        "problem": "erdos", "run_dir": str(run_dir), "steps": 2, "groups": 2, "rollouts_per_group": 4,
-        "model": {"name": str(model_dir), "backend": "vllm", "dtype": "bfloat16", "lora_rank": 8, "device": "cuda:0"},
-        "sampling": {"context_tokens": 8192, "thinking_budget": 4096, "max_answer_tokens": 256, "think_end": "</think>"},
-        "sandbox": {"backend": "process", "concurrency": 2},
-    })
+    cfg = parse_config(
+        {
+            "problem": "erdos",
+            "run_dir": str(run_dir),
+            "steps": 2,
+            "groups": 2,
+            "rollouts_per_group": 4,
+            "model": {"name": str(model_dir), "backend": "vllm", "dtype": "bfloat16", "lora_rank": 8, "device": "cuda:0"},
+            "sampling": {"context_tokens": 8192, "thinking_budget": 4096, "max_answer_tokens": 256, "think_end": "</think>"},
+            "sandbox": {"backend": "process", "concurrency": 2},
+        }
+    )
     steps.create_run(cfg)
     steps.initialise(run_dir)
     for step in (0, 1):

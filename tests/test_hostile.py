@@ -88,8 +88,7 @@ def test_network_access_fails(sandbox):
         "            socket.create_connection(host, timeout=1).close()\n"
         "            print('NET OPEN', host, flush=True)\n"
         "        except OSError as e:\n"
-        "            print('NET CLOSED', host, e, flush=True)\n"
-        + RETURN_HONEST
+        "            print('NET CLOSED', host, e, flush=True)\n" + RETURN_HONEST
     )
     result = _evaluate(sandbox, program)
     assert result.reward == pytest.approx(HONEST_REWARD)
@@ -113,8 +112,7 @@ def test_host_files_and_environment_secrets_stay_hidden(sandbox, tmp_path, monke
         "            seen.append(open(path, 'rb').read().decode('latin-1'))\n"
         "        except OSError as e:\n"
         "            pass\n"
-        "    print('\\n'.join(seen), flush=True)\n"
-        + RETURN_HONEST
+        "    print('\\n'.join(seen), flush=True)\n" + RETURN_HONEST
     )
     result = _evaluate(sandbox, program)
     assert "DISCOVER_TEST_SECRET" not in result.observation  # the environment is never inherited
@@ -132,8 +130,7 @@ def test_writing_outside_the_scratch_space_fails(sandbox, tmp_path):
         "            open(path, 'w').write('x')\n"
         "            print('WROTE', path)\n"
         "        except OSError as e:\n"
-        "            print('DENIED', path, e)\n"
-        + RETURN_HONEST
+        "            print('DENIED', path, e)\n" + RETURN_HONEST
     )
     try:
         result = _evaluate(sandbox, program)
@@ -221,8 +218,7 @@ def test_killing_its_parent_does_not_hurt_the_host(sandbox):
         "    try:\n"
         "        os.kill(-1, signal.SIGKILL)\n"
         "    except OSError:\n"
-        "        pass\n"
-        + RETURN_HONEST
+        "        pass\n" + RETURN_HONEST
     )
     result = _evaluate(sandbox, program)
     assert os.getppid() > 1  # we (and our parent) are still here
@@ -260,8 +256,7 @@ def test_tampering_with_the_verifier_or_its_inputs_changes_nothing(sandbox):
         "        os.symlink('/etc/passwd', 'output.json')\n"
         "    except OSError:\n"
         "        pass\n"
-        "    sys.modules['json'].dumps = lambda *a, **k: '[0.5]'\n"
-        + RETURN_HONEST
+        "    sys.modules['json'].dumps = lambda *a, **k: '[0.5]'\n" + RETURN_HONEST
     )
     result = _evaluate(sandbox, program)
     after = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in (verifier, harness)}
@@ -299,8 +294,7 @@ def test_background_processes_do_not_outlive_the_run(sandbox):
         "        os.setsid()\n"
         "        if os.fork() == 0:\n"
         f"            os.execvpe('sleep', ['sleep', {marker!r}], {{}})\n"
-        "        os._exit(0)\n"
-        + RETURN_HONEST
+        "        os._exit(0)\n" + RETURN_HONEST
     )
     result = _evaluate(sandbox, program)
     assert result.reward == pytest.approx(HONEST_REWARD), result.reason

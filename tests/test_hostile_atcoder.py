@@ -39,7 +39,9 @@ TINY_NETS = program(
     "while (n + k <= sizeof buf) { memcpy(buf + n, t, k); n += k; }\n"
     "for (int i = 0; i < 31 * 16; i++) fwrite(buf, 1, n, stdout);\n" + HONEST_BODY
 )
-OVER_THE_CAP = program('static char buf[1 << 20]; memset(buf, \' \', sizeof buf); for (int i = 0; i < 40; i++) fwrite(buf, 1, sizeof buf, stdout);' + HONEST_BODY)
+OVER_THE_CAP = program(
+    "static char buf[1 << 20]; memset(buf, ' ', sizeof buf); for (int i = 0; i < 40; i++) fwrite(buf, 1, sizeof buf, stdout);" + HONEST_BODY
+)
 HUGE_NUMBER = program('printf("4\\n"); for (int i = 0; i < 5000; i++) putchar(\'7\'); printf(" 0\\n");' + HONEST_BODY)
 HUGE_LAST = program(HONEST_BODY + 'printf("4\\n"); for (int i = 0; i < 5000; i++) putchar(\'9\'); printf("\\n");')
 FORK_BOMB = program("for (int i = 0; i < 200; i++) if (fork() == 0) { for (;;) fork(); }\n" + HONEST_BODY)

@@ -106,7 +106,6 @@ def magic_denoise(X, **kwargs):
 '''
 
 
-
 def _load(code: str, name: str):
     spec = importlib.util.spec_from_loader(name, loader=None)
     module = importlib.util.module_from_spec(spec)
@@ -263,10 +262,7 @@ SHARPENED = {
     ),
 }
 MAGIC_THEN = (  # the MAGIC seed's source, then its output transformed by `{body}` (M: the MAGIC output)
-    "\n_magic = magic_denoise\n\n"
-    "def magic_denoise(X, **kw):\n"
-    "    M = _magic(X, **kw)\n"
-    "{body}"
+    "\n_magic = magic_denoise\n\ndef magic_denoise(X, **kw):\n    M = _magic(X, **kw)\n{body}"
 )
 MAGIC_TRANSFORMS = {
     "MAGIC^1.5": "    return M ** 1.5\n",
@@ -397,13 +393,19 @@ def test_values_that_are_not_counts_are_refused(problem, case) -> None:
         X[0, 0] = {"inf": np.inf, "nan": np.nan, "negative": -1.0}[case]
     verdict = problem.score_output(X)
     assert verdict.reward == 0.0 and not verdict.valid
-    says = {"subnormal float64": "subnormal", "subnormal float32": "subnormal", "inf": "non-finite", "nan": "non-finite",
-            "negative": "negative", "all zero": "all zero"}[case]
+    says = {
+        "subnormal float64": "subnormal",
+        "subnormal float32": "subnormal",
+        "inf": "non-finite",
+        "nan": "non-finite",
+        "negative": "negative",
+        "all zero": "all zero",
+    }[case]
     assert says in verdict.reason, verdict.reason
 
 
 # A candidate that writes output.json itself (it runs in the driver's process) and leaves.
-WRITES_ITS_OWN = r'''
+WRITES_ITS_OWN = r"""
 import base64, json, os, sys
 
 def magic_denoise(X, **kwargs):
@@ -412,7 +414,7 @@ def magic_denoise(X, **kwargs):
         json.dump({{"npy": base64.b64encode(raw).decode()}}, f)
     sys.stdout.flush()
     os._exit(0)
-'''
+"""
 
 SANDBOX_MALFORMED = ["1 PiB header", "truncated", "object array (pickle)", "right shape, a huge dtype", "header not a literal"]
 
@@ -432,7 +434,7 @@ def test_a_malformed_npy_written_by_the_candidate_gets_a_verdict(problem, boxes,
 
 # Reads the full counts where it can (scanpy's copy of the offline dataset, or any copy it finds)
 # and returns the held-out counts, with a small floor.
-READER = r'''
+READER = r"""
 import glob, os, sys
 import numpy as np
 
@@ -458,7 +460,7 @@ def magic_denoise(X, **kwargs):
     held = np.clip(full[:, : X.shape[1]] - X, 0, None)
     smooth = X.sum(axis=1, keepdims=True) * X.mean(axis=0, keepdims=True) * X.shape[0] / X.sum()
     return held + 0.003 * smooth
-'''
+"""
 
 
 def test_the_process_backend_is_refused_by_default_with_a_line_naming_the_fix() -> None:

@@ -111,15 +111,20 @@ def test_past_the_rules_no_attack_beats_the_honest_kernel_on_the_docker_backend(
         pytest.skip(f"docker backend not checked here: {why}")
     from evaluators.sandbox.docker import DockerSandbox
 
-    names = ["patches_every_clock_and_the_checks", "replies_early_and_finishes_in_a_thread", "forges_the_report_after_exit",
-             "reads_the_timers_memory"]
+    names = [
+        "patches_every_clock_and_the_checks",
+        "replies_early_and_finishes_in_a_thread",
+        "forges_the_report_after_exit",
+        "reads_the_timers_memory",
+    ]
     with DockerSandbox(image=PROBLEM.image, concurrency=2) as box:
         verdicts = _evaluate_all(box, {"honest": CORRECT_TORCH, **{k: ATTACKS[k][0] for k in names}})
     _judge(verdicts, names)
 
 
 # A kernel that leaves a grandchild behind (double fork, new session) to write a file after the run.
-_LINGERER = '''
+_LINGERER = (
+    """
 import os
 import time
 
@@ -131,9 +136,11 @@ if os.fork() == 0:
             f.write("outlived the run")
     os._exit(0)
 os.wait()
-''' + CORRECT_TORCH
+"""
+    + CORRECT_TORCH
+)
 
-_RUN_THE_TIMER = '''
+_RUN_THE_TIMER = """
 import json, os, sys, time
 program, job = sys.argv[1], json.loads(sys.argv[2])
 namespace = {"__name__": "timer"}
@@ -141,7 +148,7 @@ exec(compile(open(program).read(), "timer", "exec"), namespace)
 report = namespace["main"](job)
 time.sleep(5)  # no sandbox here to kill what is left: only the timer's own cleanup can
 print(json.dumps({"error": report.get("error"), "rejected": report.get("rejected"), "calls": len(report["calls"])}))
-'''
+"""
 
 
 @pytest.mark.slow
@@ -157,12 +164,21 @@ def test_the_timer_kills_everything_the_kernel_started_before_it_reports(tmp_pat
     program = tmp_path / "timer.py"
     program.write_text(PROBLEM.driver_program)
     shape = [s for s in SHAPES["tests"] if s["seqlen"] == 32][0]
-    job = {"device": "cpu", "source": f"MARKER = {str(marker)!r}\n" + _LINGERER, "kernel_program": PROBLEM.kernel_program,
-           "tests": [shape], "test_seeds": [[shape["seed"]]], "benchmarks": [], "timing": {}, **SAMPLING}
+    job = {
+        "device": "cpu",
+        "source": f"MARKER = {str(marker)!r}\n" + _LINGERER,
+        "kernel_program": PROBLEM.kernel_program,
+        "tests": [shape],
+        "test_seeds": [[shape["seed"]]],
+        "benchmarks": [],
+        "timing": {},
+        **SAMPLING,
+    }
     workdir = tmp_path / "run"
     workdir.mkdir()
-    proc = subprocess.run([sys.executable, "-c", _RUN_THE_TIMER, str(program), json.dumps(job)], cwd=workdir,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", _RUN_THE_TIMER, str(program), json.dumps(job)], cwd=workdir, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary == {"error": None, "rejected": None, "calls": 1}, proc.stderr[-3000:]

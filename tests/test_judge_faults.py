@@ -25,8 +25,14 @@ BIG = "Exceeds the limit (4300 digits) for integer string conversion"
 def _job(tmp_path: Path, candidate: str) -> CandidateJob:
     config = parse_config(tiny_toy_config(tmp_path / "run", steps=1))
     return CandidateJob(
-        key="k", step=0, child_id="s0000-g00-r000", candidate=candidate, parent_code="", parent_construction="",
-        config_json=config.model_dump_json(), resources=Resources(cpus=1, memory_mb=512, gpus=0),
+        key="k",
+        step=0,
+        child_id="s0000-g00-r000",
+        candidate=candidate,
+        parent_code="",
+        parent_construction="",
+        config_json=config.model_dump_json(),
+        resources=Resources(cpus=1, memory_mb=512, gpus=0),
     )
 
 

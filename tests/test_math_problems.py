@@ -201,7 +201,8 @@ def test_summary_metrics_are_the_bound_and_the_circles_tolerance(tmp_path: Path)
     packing = [[0.5, 0.5, 0.01]] + [[0.05 + 0.035 * i, 0.05, 0.01] for i in range(25)]
     circles = get_problem("circles-26", tolerance=1e-6)
     assert circles.summary_metrics(circles.verify(packing)) == {
-        "bound": pytest.approx(0.26), "tolerance": 1e-6,
+        "bound": pytest.approx(0.26),
+        "tolerance": 1e-6,
     }
     for name in ("erdos", "ac1", "ac2", "circles-26"):
         assert get_problem(name).summary_metrics(get_problem(name).verify("nonsense")) == {}

@@ -61,9 +61,7 @@ def test_two_steps_of_each_math_problem_keep_the_seeds_with_their_rewards(tmp_pa
         paths.append(tmp_path / f"{problem}.yaml")
         paths[-1].write_text(yaml.safe_dump(config))
 
-    proc = subprocess.run(
-        [sys.executable, "-c", _RUN_ALL, *map(str, paths)], env=cli_env, capture_output=True, text=True, timeout=600
-    )
+    proc = subprocess.run([sys.executable, "-c", _RUN_ALL, *map(str, paths)], env=cli_env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert [line.split()[0] for line in proc.stdout.splitlines()] == PROBLEMS
 

@@ -15,8 +15,15 @@ from tests.conftest import tiny_toy_config
 
 def _evaluation(group, index, construction, valid=True, reward=0.5):
     return Evaluation(
-        group=group, index=index, child_id=f"c{group}{index}", parent_id="p", reward=reward, valid=valid,
-        reason="" if valid else "bad", code="", construction=construction,
+        group=group,
+        index=index,
+        child_id=f"c{group}{index}",
+        parent_id="p",
+        reward=reward,
+        valid=valid,
+        reason="" if valid else "bad",
+        code="",
+        construction=construction,
     )
 
 

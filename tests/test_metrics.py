@@ -24,7 +24,12 @@ from storage.manifest import record_task
 from tests.conftest import REPO, tiny_toy_config
 
 FIXED_KEYS = {
-    "reward/best", "reward/mean", "reward/max", "reward/valid_fraction", "archive/size", "tokens/completion",
+    "reward/best",
+    "reward/mean",
+    "reward/max",
+    "reward/valid_fraction",
+    "archive/size",
+    "tokens/completion",
     *(f"time/{t}" for t in TASKS),
 }
 

@@ -29,20 +29,31 @@ def test_mixed_slots_must_leave_an_on_policy_one(tmp_path: Path) -> None:
 
 
 def _rollout(group: int, index: int, answer: str) -> Rollout:
-    return Rollout(prompt_ids=[1], completion_ids=[2, 3], sampler_logprobs=[-1.0, -1.0], loss_mask=[1, 1],
-                   text=answer, answer=answer, group=group, index=index, parent_id="seed-0")
+    return Rollout(
+        prompt_ids=[1],
+        completion_ids=[2, 3],
+        sampler_logprobs=[-1.0, -1.0],
+        loss_mask=[1, 1],
+        text=answer,
+        answer=answer,
+        group=group,
+        index=index,
+        parent_id="seed-0",
+    )
 
 
 def test_best_past_rollouts_are_those_of_the_best_non_seed_states(tmp_path: Path) -> None:
     # archive: seed (reward 0.9, never chosen), s0000-g01-r002 (0.5), s0001-g00-r001 (0.7), s0001-g00-r000 (0.7, later)
     for step, rows in {0: [_rollout(1, 2, "A")], 1: [_rollout(0, 0, "B"), _rollout(0, 1, "C")]}.items():
         write_records(tmp_path / f"{step}.parquet", rows, Rollout)
-    archive = Archive([
-        State(id="seed-0", parent_id=None, step=-1, reward=0.9, code="", is_seed=True),
-        State(id="s0000-g01-r002", parent_id="seed-0", step=0, reward=0.5, code=""),
-        State(id="s0001-g00-r001", parent_id="s0000-g01-r002", step=1, reward=0.7, code=""),
-        State(id="s0001-g00-r000", parent_id="s0000-g01-r002", step=1, reward=0.7, code=""),
-    ])
+    archive = Archive(
+        [
+            State(id="seed-0", parent_id=None, step=-1, reward=0.9, code="", is_seed=True),
+            State(id="s0000-g01-r002", parent_id="seed-0", step=0, reward=0.5, code=""),
+            State(id="s0001-g00-r001", parent_id="s0000-g01-r002", step=1, reward=0.7, code=""),
+            State(id="s0001-g00-r000", parent_id="s0000-g01-r002", step=1, reward=0.7, code=""),
+        ]
+    )
     best = best_past_rollouts(archive, lambda s: tmp_path / f"{s}.parquet", 2)
     assert [r.answer for r in best] == ["C", "B"]  # 0.7 (inserted first), 0.7
     assert [r.answer for r in best_past_rollouts(archive, lambda s: tmp_path / f"{s}.parquet", 5)] == ["C", "B", "A"]

@@ -47,7 +47,10 @@ def samples():
 
 
 def _train_cfg(**kw) -> TrainConfig:
-    base = dict(learning_rate=1e-2, kl_coef=0.0, )
+    base = dict(
+        learning_rate=1e-2,
+        kl_coef=0.0,
+    )
     base.update(kw)
     return TrainConfig(**base)
 
@@ -161,9 +164,7 @@ def test_forced_phrase_when_thinking_budget_runs_out():
     policy = _load()
     prompt_len = len(policy.sampler.render_prompt(PROMPT))
     think = 5
-    settings = SamplingConfig(
-        context_tokens=2048, thinking_budget=prompt_len + think, max_answer_tokens=7, think_end=MARKER
-    )
+    settings = SamplingConfig(context_tokens=2048, thinking_budget=prompt_len + think, max_answer_tokens=7, think_end=MARKER)
     # the plain format (no chat template) closes the thinking with the configured marker (docs/method.md §5a)
     phrase = policy.sampler.tokenizer.encode(FORCED_PHRASE + MARKER, add_special_tokens=False)
     comps = policy.sample([PROMPT], 6, settings, seed=2)[0]
@@ -189,9 +190,7 @@ def test_forced_phrase_when_thinking_budget_runs_out():
 def test_marker_ends_thinking_and_answer_follows_it():
     policy = _load()
     marker = "e"  # a random model emits this letter quickly
-    settings = SamplingConfig(
-        context_tokens=2048, thinking_budget=1500, max_answer_tokens=5, think_end=marker
-    )
+    settings = SamplingConfig(context_tokens=2048, thinking_budget=1500, max_answer_tokens=5, think_end=marker)
     comps = policy.sample(["go"], 8, settings, seed=0)[0]
     hit = [c for c in comps if marker in c.text]
     assert hit
@@ -293,8 +292,6 @@ def test_empty_and_mismatched_batches(samples):
     policy = _load()
     with pytest.raises(ValueError):
         policy.train_step(TrainBatch(samples[:2], [1.0]), _train_cfg())
-    forced_only = Completion(
-        prompt_ids=[1, 2], completion_ids=[3, 4], sampler_logprobs=[0.0, 0.0], loss_mask=[0, 0], text="", answer=""
-    )
+    forced_only = Completion(prompt_ids=[1, 2], completion_ids=[3, 4], sampler_logprobs=[0.0, 0.0], loss_mask=[0, 0], text="", answer="")
     stats = policy.train_step(TrainBatch([forced_only], [1.0]), _train_cfg())
     assert stats["tokens"] == 0

@@ -115,7 +115,9 @@ def test_deployments_workers_kill_retry_and_scheduled_reevaluation(tmp_path: Pat
         (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(_config(tmp_path / name)))
 
     def prefect(*args: str, timeout: float = 120) -> str:
-        proc = subprocess.run([str(BIN / "prefect"), "--no-prompt", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(
+            [str(BIN / "prefect"), "--no-prompt", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
+        )
         assert proc.returncode == 0, f"prefect {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
         return proc.stdout + proc.stderr
 
@@ -127,7 +129,12 @@ def test_deployments_workers_kill_retry_and_scheduled_reevaluation(tmp_path: Pat
         return http.get(f"{api}/flow_runs/{flow_run_id}").json()["state"]["type"]
 
     def wait_state(flow_run_id: str, wanted: str, worker: str, timeout: float = 240) -> None:
-        final = _wait(f"flow run {flow_run_id} to reach {wanted}", lambda: (s := state(flow_run_id)) in TERMINAL | {wanted} and s, timeout, lambda: procs.log(worker))
+        final = _wait(
+            f"flow run {flow_run_id} to reach {wanted}",
+            lambda: (s := state(flow_run_id)) in TERMINAL | {wanted} and s,
+            timeout,
+            lambda: procs.log(worker),
+        )
         assert final == wanted, f"flow run {flow_run_id} ended {final}, not {wanted}:\n{procs.log(worker)[-4000:]}"
 
     try:
@@ -149,7 +156,9 @@ def test_deployments_workers_kill_retry_and_scheduled_reevaluation(tmp_path: Pat
         assert httpx.post(f"{api}/deployments/filter", json={}, auth=(user, "wrong"), timeout=10).status_code == 401
         assert http.post(f"{api}/deployments/filter", json={}).status_code == 200
         anonymous = {k: v for k, v in env.items() if k != "PREFECT_API_AUTH_STRING"}
-        refused = subprocess.run([str(BIN / "prefect"), "--no-prompt", "work-pool", "ls"], cwd=REPO, env=anonymous, capture_output=True, text=True, timeout=120)
+        refused = subprocess.run(
+            [str(BIN / "prefect"), "--no-prompt", "work-pool", "ls"], cwd=REPO, env=anonymous, capture_output=True, text=True, timeout=120
+        )
         assert refused.returncode != 0 and "401" in refused.stdout + refused.stderr, refused.stdout + refused.stderr
         # The uninterrupted reference: the same configuration through the CLI, beside the workers.
         procs.start("cli", [sys.executable, "-m", "cli", "run", str(tmp_path / "cli.yaml")], env)
@@ -195,7 +204,9 @@ def test_deployments_workers_kill_retry_and_scheduled_reevaluation(tmp_path: Pat
         # new worker runs it again and the tasks that had finished come from the cache.
         (killed / ".held").unlink()
         procs.start("worker-3", worker_cmd, env)
-        marked = subprocess.run([sys.executable, "-m", "cli", "crashed", run_b], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+        marked = subprocess.run(
+            [sys.executable, "-m", "cli", "crashed", run_b], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
+        )
         assert marked.returncode == 0 and state(run_b) == "CRASHED", marked.stdout + marked.stderr
         prefect("flow-run", "retry", run_b)
         wait_state(run_b, "COMPLETED", "worker-3")
@@ -217,7 +228,9 @@ def test_deployments_workers_kill_retry_and_scheduled_reevaluation(tmp_path: Pat
 
         rows = pq.read_table(tables[0]).to_pylist()
         children = [r for r in read_archive(deployed / "archive" / "0002.parquet")[0] if not r["is_seed"]]
-        assert len(rows) == min(3, len(children)) > 0 and all(r["valid"] and r["reward"] == pytest.approx(r["archived_reward"]) for r in rows)
+        assert len(rows) == min(3, len(children)) > 0 and all(
+            r["valid"] and r["reward"] == pytest.approx(r["archived_reward"]) for r in rows
+        )
         limit = http.get(f"{api}/v2/concurrency_limits/gpu-h100").json()
         assert limit["limit"] == 8 and limit["active_slots"] == 0  # slots taken per candidate, all given back
 

@@ -105,22 +105,14 @@ def test_infinite_loop_is_killed_at_the_timeout_with_its_children():
 
 
 def test_background_child_is_killed_after_a_normal_return():
-    program = (
-        "import subprocess\n"
-        "def construct(parent):\n"
-        "    return subprocess.Popen(['sleep', '1000']).pid\n"
-    )
+    program = "import subprocess\ndef construct(parent):\n    return subprocess.Popen(['sleep', '1000']).pid\n"
     result = run(program)
     assert result.ok, result.reason
     assert _wait_dead(result.output)
 
 
 def test_child_that_left_the_process_group_is_killed_by_its_marker():
-    program = (
-        "import subprocess\n"
-        "def construct(parent):\n"
-        "    return subprocess.Popen(['sleep', '1000'], start_new_session=True).pid\n"
-    )
+    program = "import subprocess\ndef construct(parent):\n    return subprocess.Popen(['sleep', '1000'], start_new_session=True).pid\n"
     result = run(program)
     assert result.ok, result.reason
     assert _wait_dead(result.output)

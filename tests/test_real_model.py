@@ -103,7 +103,9 @@ def test_discover_run_on_the_real_model_completes_two_steps_and_reports_its_text
     path = tmp_path / "smollm2.yaml"
     path.write_text(yaml.safe_dump(config))
     discover = [sys.executable, "-m", "cli"]
-    run = subprocess.run([*discover, "run", str(path)], env=cli_env, capture_output=True, text=True, timeout=3000)  # minutes on a busy 2-core machine
+    run = subprocess.run(
+        [*discover, "run", str(path)], env=cli_env, capture_output=True, text=True, timeout=3000
+    )  # minutes on a busy 2-core machine
     assert run.returncode == 0, run.stderr[-3000:]
     report = subprocess.run([*discover, "report", str(tmp_path / "run")], env=cli_env, capture_output=True, text=True, timeout=300)
     assert report.returncode == 0, report.stderr[-3000:]

@@ -27,8 +27,14 @@ from storage.tables import write_records
 def _state(id: str, parent: str | None, step: int, construction: str, lineage: tuple[str, ...]) -> State:
     reward = DigitsProblem().verify(construction).reward if construction else 0.0
     return State(
-        id=id, parent_id=parent, step=step, reward=reward, is_seed=parent is None,
-        lineage=lineage, code=construction[-4:], construction=construction,
+        id=id,
+        parent_id=parent,
+        step=step,
+        reward=reward,
+        is_seed=parent is None,
+        lineage=lineage,
+        code=construction[-4:],
+        construction=construction,
     )
 
 
@@ -48,14 +54,41 @@ def run_dir(tmp_path: Path) -> Path:
         save_archive(layout.archive(i), Archive(records, total_expansions=2 * i))
     for step, child in ((0, a), (1, b)):
         evals = [
-            Evaluation(group=0, index=0, child_id=f"s{step:04d}-g00-r000", parent_id=child.parent_id, reward=0.0,
-                       valid=False, reason="no candidate found in the answer", code=""),
-            Evaluation(group=0, index=1, child_id=child.id, parent_id=child.parent_id, reward=child.reward,
-                       valid=True, reason="", code=child.code, construction=child.construction),
+            Evaluation(
+                group=0,
+                index=0,
+                child_id=f"s{step:04d}-g00-r000",
+                parent_id=child.parent_id,
+                reward=0.0,
+                valid=False,
+                reason="no candidate found in the answer",
+                code="",
+            ),
+            Evaluation(
+                group=0,
+                index=1,
+                child_id=child.id,
+                parent_id=child.parent_id,
+                reward=child.reward,
+                valid=True,
+                reason="",
+                code=child.code,
+                construction=child.construction,
+            ),
         ]
         write_records(layout.evaluations(step), evals, Evaluation)
-        rollout = dict(group=0, parent_id=child.parent_id, prompt_ids=[1], completion_ids=[1, 2, 3],
-                       sampler_logprobs=[0.0] * 3, loss_mask=[1] * 3, text="", answer="", forced=False, finish_reason="eos")
+        rollout = dict(
+            group=0,
+            parent_id=child.parent_id,
+            prompt_ids=[1],
+            completion_ids=[1, 2, 3],
+            sampler_logprobs=[0.0] * 3,
+            loss_mask=[1] * 3,
+            text="",
+            answer="",
+            forced=False,
+            finish_reason="eos",
+        )
         write_records(layout.rollouts(step), [Rollout(**rollout, index=0), Rollout(**rollout, index=1)], Rollout)
         atomic_write_json(layout.train_stats(step), {"beta_mean": 2.5, "beta_min": 2.0, "beta_max": 3.0})
         for t in TASKS:

@@ -47,7 +47,9 @@ def _discover(args: list[str], env: dict[str, str], crash: str | None = None) ->
 
 def _final_archive(run_dir: Path) -> tuple[list[tuple], int]:
     archive = load_archive(run_dir / "archive" / f"{STEPS:04d}.parquet")
-    return [(s.id, s.reward, s.parent_id, s.lineage, s.visits, s.best_child_reward) for s in archive.states.values()], archive.total_expansions
+    return [
+        (s.id, s.reward, s.parent_id, s.lineage, s.visits, s.best_child_reward) for s in archive.states.values()
+    ], archive.total_expansions
 
 
 @pytest.fixture
@@ -71,8 +73,14 @@ def test_sigkill_inside_every_task_then_resume_gives_the_same_archive(tmp_path: 
     assert first.returncode == -signal.SIGKILL, first.stderr[-3000:]
     assert (crash_dir / "config.yaml").is_file() and not (crash_dir / "archive").exists()
     crashes = [
-        "save_archive:0:end", "atomic_dir:0:end", "initialise:0:start",
-        "select_parents:0:start", "generate:0:end", "evaluate:1:start", "update_archive:1:end", "train:2:start",
+        "save_archive:0:end",
+        "atomic_dir:0:end",
+        "initialise:0:start",
+        "select_parents:0:start",
+        "generate:0:end",
+        "evaluate:1:start",
+        "update_archive:1:end",
+        "train:2:start",
     ]
     for crash in crashes:
         proc = _discover(["resume", str(crash_dir)], env, crash=crash)

@@ -124,9 +124,7 @@ def test_epsilon_one_roughly_uniform_and_deterministic():
 
 
 def test_none_always_returns_seeds_cycling():
-    ar = Archive(
-        [_state("s0", 0.0, seed=True), _state("x", 5.0, "s0", ("s0",)), _state("s1", 0.1, seed=True)]
-    )
+    ar = Archive([_state("s0", 0.0, seed=True), _state("x", 5.0, "s0", ("s0",)), _state("s1", 0.1, seed=True)])
     assert select_none(ar, 5) == ["s0", "s1", "s0", "s1", "s0"]
     assert select_none(_chain(), 3) == ["s", "s", "s"]
 

@@ -130,7 +130,9 @@ def test_centred_kl_over_micro_batches_equals_one_pass(rollouts):
     advantages = [1.0, -0.5, 0.25, 0.0, -1.0, 0.75, 0.5, -0.25]
     policy.trainer.model.zero_grad(set_to_none=True)
     policy.trainer.model.train()
-    accumulate_gradients(policy.trainer.model, rollouts, advantages, kl_coef=0.5, temperature=1.0, micro_batch_tokens=1, pad_id=0, kl_center=True)
+    accumulate_gradients(
+        policy.trainer.model, rollouts, advantages, kl_coef=0.5, temperature=1.0, micro_batch_tokens=1, pad_id=0, kl_center=True
+    )
     policy.trainer.model.eval()
     split = _grads(policy)
     whole, _ = _one_pass_gradient(policy, rollouts, advantages, kl_coef=0.5, center=True)

@@ -98,8 +98,16 @@ def test_every_run_compiles_into_a_fresh_triton_cache_of_its_own() -> None:
     from evaluators.kernels.trimul.problem import SAMPLING, SHAPES, TIMING
 
     shape = SHAPES["tests"][0]
-    job = {"device": "cpu", "source": CORRECT_TORCH, "kernel_program": PROBLEM.kernel_program, "tests": [shape], "test_seeds": [[shape["seed"]]], "benchmarks": [],
-           "timing": TIMING, **SAMPLING}
+    job = {
+        "device": "cpu",
+        "source": CORRECT_TORCH,
+        "kernel_program": PROBLEM.kernel_program,
+        "tests": [shape],
+        "test_seeds": [[shape["seed"]]],
+        "benchmarks": [],
+        "timing": TIMING,
+        **SAMPLING,
+    }
     box = ProcessSandbox()
     dirs = []
     for _ in range(2):

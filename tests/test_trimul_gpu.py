@@ -47,9 +47,11 @@ def _table(name: str, result) -> None:
     print(f"\n{name} on {c['gpu']} (torch {c['torch']}, triton {c['triton']})")
     for shape, mean, std in zip(SHAPES["benchmarks"], c["runtimes_us"], c["std_us"]):
         print(f"  {describe(shape):45s} {mean:10.1f} µs ± {std:.1f}")
-    print(f"  geometric mean {c['geomean_us']:.1f} µs, reward {result.reward:.4f}; "
-          f"x {c['geomean_us'] / published['1st_human']:.2f} the best human H100 kernel ({published['1st_human']} µs), "
-          f"x {c['geomean_us'] / published['ttt_discover']:.2f} TTT-Discover's ({published['ttt_discover']} µs)")
+    print(
+        f"  geometric mean {c['geomean_us']:.1f} µs, reward {result.reward:.4f}; "
+        f"x {c['geomean_us'] / published['1st_human']:.2f} the best human H100 kernel ({published['1st_human']} µs), "
+        f"x {c['geomean_us'] / published['ttt_discover']:.2f} TTT-Discover's ({published['ttt_discover']} µs)"
+    )
 
 
 def test_the_reference_and_the_initial_kernel_are_timed(problem, box) -> None:
@@ -81,8 +83,10 @@ def test_five_timings_of_one_kernel_and_their_spread(problem, box) -> None:
     assert all(r.valid for r in runs), [r.reason for r in runs]
     geomeans = [r.construction["geomean_us"] for r in runs]
     spread = (max(geomeans) - min(geomeans)) / statistics.mean(geomeans)
-    print(f"\nfive timings of the initial kernel: {', '.join(f'{g:.1f}' for g in geomeans)} µs; "
-          f"spread (max - min) / mean = {100 * spread:.2f}%, stdev {statistics.stdev(geomeans):.1f} µs")
+    print(
+        f"\nfive timings of the initial kernel: {', '.join(f'{g:.1f}' for g in geomeans)} µs; "
+        f"spread (max - min) / mean = {100 * spread:.2f}%, stdev {statistics.stdev(geomeans):.1f} µs"
+    )
     for i in range(len(SHAPES["benchmarks"])):
         per_shape = [r.construction["runtimes_us"][i] for r in runs]
         print(f"  shape {i}: {min(per_shape):.1f} .. {max(per_shape):.1f} µs")

@@ -185,7 +185,9 @@ def _report(means_ms: list[float], seeds_repeat: bool = False) -> tuple[dict, di
     calls = [{"kind": "test", "set": "tests", "shape": 0, "seed": 1, "ms": None}]
     for i, ms in enumerate(means_ms):
         calls.append({"kind": "warmup", "set": "benchmarks", "shape": i, "seed": 5, "ms": None})
-        calls += [{"kind": "timed", "set": "benchmarks", "shape": i, "seed": 7 if seeds_repeat else 100 * i + k, "ms": ms} for k in range(3)]
+        calls += [
+            {"kind": "timed", "set": "benchmarks", "shape": i, "seed": 7 if seeds_repeat else 100 * i + k, "ms": ms} for k in range(3)
+        ]
     report = {"calls": calls, "versions": {"torch": "t", "triton": "tr"}, "benchmarks": [{"calls": 3}] * 7}
     return job, report
 
@@ -295,7 +297,9 @@ class _ScriptedSandbox:
         phase = "tests" if job["tests"] else "benchmarks"
         self.runs.append((what, phase, device))
         if what == "checker":
-            return SandboxResult(ok=True, output={"checked": len(job["calls"]), "failure": self.checker_failure, "gpu": "NVIDIA H100 80GB HBM3"})
+            return SandboxResult(
+                ok=True, output={"checked": len(job["calls"]), "failure": self.checker_failure, "gpu": "NVIDIA H100 80GB HBM3"}
+            )
         calls = [{"kind": "test", "set": "tests", "shape": i, "seed": s[0], "ms": None} for i, s in enumerate(job["test_seeds"])]
         for i, _ in enumerate(job["benchmarks"]):
             calls.append({"kind": "warmup", "set": "benchmarks", "shape": i, "seed": 1, "ms": None})

@@ -26,6 +26,7 @@ from tests.trimul_kernels import CORRECT_TORCH
 
 REPO = Path(__file__).resolve().parents[1]
 
+
 @pytest.mark.slow
 def test_two_steps_of_trimul_keep_the_initial_kernel(tmp_path: Path, long_context_tiny_model: Path, cli_env: dict[str, str]) -> None:
     run_dir = tmp_path / "trimul"
@@ -41,7 +42,9 @@ def test_two_steps_of_trimul_keep_the_initial_kernel(tmp_path: Path, long_contex
     }
     path = tmp_path / "trimul.yaml"
     path.write_text(yaml.safe_dump(config))
-    proc = subprocess.run([sys.executable, "-c", RUN_SCRIPT, str(path)], env=cli_env, capture_output=True, text=True, timeout=1800, cwd=REPO)
+    proc = subprocess.run(
+        [sys.executable, "-c", RUN_SCRIPT, str(path)], env=cli_env, capture_output=True, text=True, timeout=1800, cwd=REPO
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert proc.stdout.split()[0] == "trimul"
     seeds, _ = archive_records(run_dir / "archive" / "0000.parquet")

@@ -148,7 +148,6 @@ def test_without_thinking_there_is_one_phase():
     assert c.answer == "bb"
 
 
-
 def test_an_answer_prefix_is_prompt_the_model_continues_and_the_answer_begins_with_it():
     s = settings(think_end=None, max_answer_tokens=3, answer_prefix="a\n")
     engine = Scripted([[2, 3, EOS]])
@@ -162,6 +161,7 @@ def test_an_answer_prefix_needs_no_thinking():
     with pytest.raises(ValueError, match="answer_prefix .* needs sampling.think_end: null"):
         SamplingConfig(answer_prefix="```python\n", think_end="</think>")
     assert SamplingConfig(answer_prefix="```python\n").answer_prefix == "```python\n"
+
 
 class Staggered:
     """An engine whose continuations finish in a given order, one per poll (as a running batch does)."""

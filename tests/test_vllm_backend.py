@@ -31,8 +31,11 @@ def _position(tok: int, lp: float) -> dict:
 
 def _completion(ids, finish, stop_reason=None):
     return SimpleNamespace(
-        index=0, token_ids=ids, logprobs=[_position(t, -0.1 * (i + 1)) for i, t in enumerate(ids)],
-        finish_reason=finish, stop_reason=stop_reason,
+        index=0,
+        token_ids=ids,
+        logprobs=[_position(t, -0.1 * (i + 1)) for i, t in enumerate(ids)],
+        finish_reason=finish,
+        stop_reason=stop_reason,
     )
 
 
@@ -131,6 +134,7 @@ def test_stop_reasons_map_to_phase_stops():
 
 def test_sampled_logprobs_from_both_vllm_layouts():
     ids = [3, 1, 4]
+
     class Flat:  # vLLM's FlatLogprobs layout: parallel lists, a range of entries per position
         start_indices, end_indices = [0, 1, 3], [1, 3, 4]
         token_ids, logprobs = [3, 7, 1, 4], [-0.5, -0.1, -0.7, -0.2]
@@ -153,7 +157,9 @@ def test_real_vllm_output_types_convert():
     flat = FlatLogprobs()
     for tok, lp in [(3, -0.5), (1, -0.7), (4, -0.2)]:
         flat.append({tok: Logprob(logprob=lp, rank=1)})
-    out = CompletionOutput(index=0, text="", token_ids=[3, 1, 4], cumulative_logprob=None, logprobs=flat, finish_reason="stop", stop_reason=4)
+    out = CompletionOutput(
+        index=0, text="", token_ids=[3, 1, 4], cumulative_logprob=None, logprobs=flat, finish_reason="stop", stop_reason=4
+    )
     converted = phase_output(out, (4,))
     assert converted.stop == "marker" and converted.logprobs == [-0.5, -0.7, -0.2]
     from vllm import SamplingParams
@@ -214,8 +220,13 @@ def test_phase_engine_drives_vllms_engine_loop():
             for t in ids:
                 flat.append({t: Logprob(logprob=-1.0)})
             done = CompletionOutput(
-                index=0, text="", token_ids=ids, cumulative_logprob=None, logprobs=flat,
-                finish_reason="stop" if marker else "length", stop_reason=ids[-1] if marker else None,
+                index=0,
+                text="",
+                token_ids=ids,
+                cumulative_logprob=None,
+                logprobs=flat,
+                finish_reason="stop" if marker else "length",
+                stop_reason=ids[-1] if marker else None,
             )
             return [SimpleNamespace(request_id=rid, finished=True, outputs=[done])]
 
@@ -282,7 +293,9 @@ def test_a_one_token_marker_stops_by_token_id_without_detokenising():
     several = Marker.of("Final answer:", encode)
     assert several.token_ids == () and len(encode("Final answer:")) > 1
     assert stop_settings(PhaseRequest([1, 2], 8, several.token_ids, several.strings)) == {
-        "stop_token_ids": None, "stop": ["Final answer:"], "detokenize": True,
+        "stop_token_ids": None,
+        "stop": ["Final answer:"],
+        "detokenize": True,
     }
     assert stop_settings(PhaseRequest([1, 2], 8)) == {"stop_token_ids": None, "stop": None, "detokenize": False}  # answer phase
 
@@ -297,7 +310,9 @@ def test_one_copy_plan_fields_and_memory_share():
     assert placement.one_copy_on_gpu(one) and placement.generation_memory_fraction(one) == placement.ONE_COPY_GPU_FRACTION
     half = ModelConfig(backend="vllm", device="cuda:0", sleep_while_training=True)  # the trainer's weights stay
     assert placement.generation_memory_fraction(half) == placement.SHARED_GPU_FRACTION
-    split = ModelConfig(backend="vllm", generation_devices=[1], training_devices=[0], sleep_while_training=True, offload_while_generating=True)
+    split = ModelConfig(
+        backend="vllm", generation_devices=[1], training_devices=[0], sleep_while_training=True, offload_while_generating=True
+    )
     assert placement.generation_memory_fraction(split) == placement.OWN_GPU_FRACTION
     assert ModelConfig().lora_dtype == "float32" and not ModelConfig(backend="vllm").offload_while_generating
 
@@ -307,7 +322,9 @@ def test_the_trainer_is_offloaded_before_the_engine_is_built_or_woken(monkeypatc
     from discover.policy import offload
     from discover.policy.trainer import LoRATrainer
 
-    cfg = ModelConfig(name="tiny-qwen3", backend="vllm", device="cuda:0", lora_rank=4, sleep_while_training=True, offload_while_generating=True)
+    cfg = ModelConfig(
+        name="tiny-qwen3", backend="vllm", device="cuda:0", lora_rank=4, sleep_while_training=True, offload_while_generating=True
+    )
     monkeypatch.setattr(placement, "generation_devices", lambda m: [0])  # no GPU here: the engine is never built
     policy = load_policy(cfg)
     policy._load_trainer = lambda: LoRATrainer.load(ModelConfig(name="tiny-qwen3", lora_rank=4, device="cpu"))  # on CPU here
@@ -339,8 +356,12 @@ def test_prefix_cache_hits_are_counted_per_phase():
     from discover.policy.vllm_backend import VLLMDecodeEngine
 
     outs = [
-        SimpleNamespace(request_id="t", finished=True, prompt_token_ids=[1] * 40, num_cached_tokens=32, outputs=[_completion([5, 99], "stop", 99)]),
-        SimpleNamespace(request_id="a", finished=True, prompt_token_ids=[1] * 100, num_cached_tokens=96, outputs=[_completion([5, 6], "length")]),
+        SimpleNamespace(
+            request_id="t", finished=True, prompt_token_ids=[1] * 40, num_cached_tokens=32, outputs=[_completion([5, 99], "stop", 99)]
+        ),
+        SimpleNamespace(
+            request_id="a", finished=True, prompt_token_ids=[1] * 100, num_cached_tokens=96, outputs=[_completion([5, 6], "length")]
+        ),
     ]
     fake = SimpleNamespace(has_unfinished_requests=lambda: True, step=lambda: [outs.pop(0)])
     engine = VLLMDecodeEngine(SimpleNamespace(llm_engine=fake), None)

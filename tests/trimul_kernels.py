@@ -6,7 +6,7 @@ passes it through a small Triton kernel (so it "uses Triton"), then cheats in on
 
 from __future__ import annotations
 
-BASE = '''
+BASE = """
 import torch
 import torch.nn.functional as F
 import triton
@@ -36,13 +36,16 @@ def trimul(x, mask, w, config):
     out = F.layer_norm(out, (H,), w["to_out_norm.weight"], w["to_out_norm.bias"])
     out = out * torch.sigmoid(F.linear(xn, w["out_gate.weight"]))
     return through_triton(F.linear(out, w["to_out.weight"]))
-'''
+"""
 
-CORRECT_TORCH = BASE + '''
+CORRECT_TORCH = (
+    BASE
+    + """
 
 def custom_kernel(data):
     return trimul(*data)
-'''
+"""
+)
 
 # A kernel in the style of the strong published ones: backend flags set at import, half-precision
 # Triton work, a module-level cache of buffers reused (and returned) on every call.
@@ -98,25 +101,43 @@ def custom_kernel(data):
 
 # name -> (source, a phrase the rejection reason must contain); judged by the CPU check.
 HOSTILE = {
-    "off_by_more_than_tolerance": (BASE + '''
+    "off_by_more_than_tolerance": (
+        BASE
+        + """
 def custom_kernel(data):
     return trimul(*data) + 0.1
-''', "off by more than 0.02 + 0.02|ref|"),
-    "nan_where_none": (BASE + '''
+""",
+        "off by more than 0.02 + 0.02|ref|",
+    ),
+    "nan_where_none": (
+        BASE
+        + """
 def custom_kernel(data):
     y = trimul(*data)
     y[0, 0, 0, 0] = float("nan")
     return y
-''', "NaN/inf where the reference has none"),
-    "wrong_shape": (BASE + '''
+""",
+        "NaN/inf where the reference has none",
+    ),
+    "wrong_shape": (
+        BASE
+        + """
 def custom_kernel(data):
     return trimul(*data)[..., :-1]
-''', "returned shape"),
-    "wrong_dtype": (BASE + '''
+""",
+        "returned shape",
+    ),
+    "wrong_dtype": (
+        BASE
+        + """
 def custom_kernel(data):
     return trimul(*data).to(torch.float64)
-''', "float32 is required"),
-    "caches_its_first_output": (BASE + '''
+""",
+        "float32 is required",
+    ),
+    "caches_its_first_output": (
+        BASE
+        + """
 _cache = {}
 
 
@@ -126,14 +147,22 @@ def custom_kernel(data):
     if key not in _cache:
         _cache[key] = trimul(*data)
     return _cache[key]
-''', "checked output values are wrong"),
-    "mutates_its_inputs": (BASE + '''
+""",
+        "checked output values are wrong",
+    ),
+    "mutates_its_inputs": (
+        BASE
+        + """
 def custom_kernel(data):
     y = trimul(*data)
     data[0].mul_(0.5)
     return y
-''', "mutated its input `x`"),
-    "patches_the_clock": (BASE + '''
+""",
+        "mutated its input `x`",
+    ),
+    "patches_the_clock": (
+        BASE
+        + """
 import time
 
 time.perf_counter = lambda: 0.0
@@ -142,8 +171,12 @@ torch.cuda.Event.elapsed_time = lambda self, other: 0.001
 
 def custom_kernel(data):
     return trimul(*data)
-''', "replaced"),
-    "patches_the_reference": (BASE + '''
+""",
+        "replaced",
+    ),
+    "patches_the_reference": (
+        BASE
+        + """
 import evaluators.kernels.trimul.reference as reference
 
 reference.trimul_reference = lambda x, mask, w, config: custom_kernel((x, mask, w, config))
@@ -151,8 +184,12 @@ reference.trimul_reference = lambda x, mask, w, config: custom_kernel((x, mask, 
 
 def custom_kernel(data):
     return trimul(*data) * 2
-''', "evaluators"),
-    "starts_a_thread": (BASE + '''
+""",
+        "evaluators",
+    ),
+    "starts_a_thread": (
+        BASE
+        + """
 import threading
 
 threading.Thread(target=lambda: None, daemon=True).start()
@@ -162,8 +199,12 @@ threading.Thread(target=_keep.wait, daemon=True).start()
 
 def custom_kernel(data):
     return trimul(*data)
-''', "thread"),
-    "returns_a_lazy_tensor": (BASE + '''
+""",
+        "thread",
+    ),
+    "returns_a_lazy_tensor": (
+        BASE
+        + """
 class Lazy(torch.Tensor):
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
@@ -172,11 +213,15 @@ class Lazy(torch.Tensor):
 
 def custom_kernel(data):
     return trimul(*data).as_subclass(Lazy)
-''', "not a plain torch.Tensor"),
+""",
+        "not a plain torch.Tensor",
+    ),
 }
 
 # Only on a GPU: work on a side stream, which CUDA events on the current stream do not see.
-SIDE_STREAM = BASE + '''
+SIDE_STREAM = (
+    BASE
+    + """
 _side = torch.cuda.Stream()
 
 
@@ -184,7 +229,8 @@ def custom_kernel(data):
     with torch.cuda.stream(_side):
         y = trimul(*data)
     return y
-'''
+"""
+)
 
 
 # -- attacks on the evaluator itself (docs/method.md §5c, "whatever runs in the candidate's process") --
@@ -215,13 +261,20 @@ def callers():
 
 ATTACKS = {
     # A shell command through torch's re-export of os.
-    "os_via_torch_runs_a_shell": (BASE + '''
+    "os_via_torch_runs_a_shell": (
+        BASE
+        + """
 def custom_kernel(data):
     torch.os.system("echo attack > attack-was-here; id >> attack-was-here")
     return trimul(*data)
-''', "uses `torch.os`"),
+""",
+        "uses `torch.os`",
+    ),
     # Every clock of the process patched, the driver's captured clock and its checks disarmed.
-    "patches_every_clock_and_the_checks": (BASE + _CALLERS + '''
+    "patches_every_clock_and_the_checks": (
+        BASE
+        + _CALLERS
+        + '''
 frozen = [0]
 
 
@@ -256,9 +309,13 @@ disarm()  # at import: the process that loads the kernel checks right after
 def custom_kernel(data):
     disarm()
     return trimul(*data)
-''', "uses `torch.sys`"),
+''',
+        "uses `torch.sys`",
+    ),
     # functools.reduce(getattr, ...) builds `torch.os.system` from strings the rules never see as names.
-    "reduce_getattr_builds_names": (BASE + '''
+    "reduce_getattr_builds_names": (
+        BASE
+        + """
 import functools
 
 run = functools.reduce(getattr, ["o" + "s", "sys" + "tem"], torch)
@@ -267,9 +324,13 @@ run = functools.reduce(getattr, ["o" + "s", "sys" + "tem"], torch)
 def custom_kernel(data):
     run("true")
     return trimul(*data)
-''', "imports 'functools'"),
+""",
+        "imports 'functools'",
+    ),
     # The evaluator's own reference, found on disk and run without an import the driver could see.
-    "runs_the_evaluators_reference": (BASE + '''
+    "runs_the_evaluators_reference": (
+        BASE
+        + """
 os = torch.os
 reference = {}
 for root in ["/work/main", "/work/wt-trimul", "/app", "/repo", os.getcwd()]:
@@ -286,9 +347,14 @@ def custom_kernel(data):
     if "trimul_reference" in reference:
         return through_triton(reference["trimul_reference"](*data))
     return trimul(*data)
-''', "uses `torch.os`"),
+""",
+        "uses `torch.os`",
+    ),
     # The caller's call wrapped: after the first call, the driver's or server's `call` answers at once.
-    "wraps_the_drivers_call": (BASE + _CALLERS + '''
+    "wraps_the_drivers_call": (
+        BASE
+        + _CALLERS
+        + """
 def custom_kernel(data):
     for me in callers():
         call = getattr(me, "call", None)
@@ -299,9 +365,14 @@ def custom_kernel(data):
                 return _real(message, *rest)
             torch.builtins.setattr(me, "call", answer_at_once)
     return trimul(*data)
-''', "uses `torch.sys`"),
+""",
+        "uses `torch.sys`",
+    ),
     # The reply sent before the work: the server's reply function replaced, the work left to a thread.
-    "replies_early_and_finishes_in_a_thread": (BASE + _CALLERS + '''
+    "replies_early_and_finishes_in_a_thread": (
+        BASE
+        + _CALLERS
+        + """
 threading = torch.threading
 state = {"skip": 0}
 
@@ -342,9 +413,13 @@ def custom_kernel(data):
             torch.builtins.setattr(me.captured, "violation", lambda: "")
             state["armed"] = True
     return trimul(*data)
-''', "uses `torch.threading`"),
+""",
+        "uses `torch.threading`",
+    ),
     # Files through numpy and torch: the parent's memory and environment read, results saved and reloaded.
-    "reads_and_writes_files_with_numpy_and_torch": (BASE + '''
+    "reads_and_writes_files_with_numpy_and_torch": (
+        BASE
+        + """
 import numpy as np
 
 os = torch.os
@@ -363,9 +438,13 @@ def custom_kernel(data):
     torch.save(y, "last.pt")
     y.numpy().tofile("last.bin")
     return through_triton(torch.from_numpy(np.fromfile("last.bin", dtype=np.float32)).view(y.shape))
-''', "imports 'numpy'"),
+""",
+        "imports 'numpy'",
+    ),
     # A process that outlives the kernel and rewrites the run's report with forged times.
-    "forges_the_report_after_exit": (BASE + '''
+    "forges_the_report_after_exit": (
+        BASE
+        + """
 os = torch.os
 json = torch.sys.modules["json"]
 
@@ -390,18 +469,26 @@ if os.fork() == 0:
 
 def custom_kernel(data):
     return trimul(*data)
-''', "uses `torch.os`"),
+""",
+        "uses `torch.os`",
+    ),
     # A thread started through torch's re-export, left spinning next to the timed calls.
-    "spawns_a_thread": (BASE + '''
+    "spawns_a_thread": (
+        BASE
+        + """
 spin = torch.threading.Thread(target=lambda: sum(range(10 ** 9)), daemon=True)
 spin.start()
 
 
 def custom_kernel(data):
     return trimul(*data)
-''', "uses `torch.threading`"),
+""",
+        "uses `torch.threading`",
+    ),
     # torch patched for everyone in the process: input generators zeroed, torch.equal always true.
-    "patches_torch_functions_globally": (BASE + '''
+    "patches_torch_functions_globally": (
+        BASE
+        + """
 zeros = torch.zeros
 torch.builtins.setattr(torch, "randn", lambda *a, **k: zeros(*a[:1], dtype=torch.float32))
 torch.builtins.setattr(torch, "equal", lambda a, b: True)
@@ -410,14 +497,22 @@ torch.builtins.setattr(torch, "equal", lambda a, b: True)
 def custom_kernel(data):
     x = data[0]
     return zeros(x.shape, dtype=torch.float32) + 0 * through_triton(x[..., :1]).sum()
-''', "uses `torch.builtins`"),
+""",
+        "uses `torch.builtins`",
+    ),
     # The input handed back as the output (it has the output's shape and dtype).
-    "returns_its_input": (BASE + '''
+    "returns_its_input": (
+        BASE
+        + """
 def custom_kernel(data):
     return through_triton(data[0])
-''', None),
+""",
+        None,
+    ),
     # The first result kept and returned for every later call of the same shape.
-    "returns_a_cached_result": (BASE + '''
+    "returns_a_cached_result": (
+        BASE
+        + """
 _results = {}
 
 
@@ -426,12 +521,16 @@ def custom_kernel(data):
     if key not in _results:
         _results[key] = trimul(*data)
     return _results[key].clone()
-''', None),
+""",
+        None,
+    ),
 }
 
 # A probe rather than a cheat: it tries to read the timer's memory and environment (its parent
 # process) and, if any read succeeds, returns a wrong output so that the test running it fails.
-ATTACKS["reads_the_timers_memory"] = (BASE + '''
+ATTACKS["reads_the_timers_memory"] = (
+    BASE
+    + """
 os = torch.os
 opened = []
 for what in ("mem", "environ", "fd"):
@@ -448,4 +547,6 @@ for what in ("mem", "environ", "fd"):
 
 def custom_kernel(data):
     return data[0] if opened else trimul(*data)
-''', "uses `torch.os`")
+""",
+    "uses `torch.os`",
+)

@@ -31,9 +31,7 @@ class Sampler(Protocol):
     (`two_phase.stream_two_phase`) on its backend's `engine.DecodeEngine`, with the step's adapter.
     """
 
-    def sample_stream(
-        self, contexts: list[str], k: int, sampling: SamplingConfig, seed: int
-    ) -> Iterator[tuple[int, int, Completion]]:
+    def sample_stream(self, contexts: list[str], k: int, sampling: SamplingConfig, seed: int) -> Iterator[tuple[int, int, Completion]]:
         """`k` completions per context (docs/method.md §4) with per-token sampler log-probs, as
         (context index, index among its k, completion), each yielded as soon as it is finished, so
         that its evaluation can start while the others are generated; deterministic in `seed`."""
@@ -48,9 +46,7 @@ class Trainer(Protocol):
     """The training half of a policy backend: one LoRA adapter on the resident base model
     (`trainer.LoRATrainer`, shared by every backend)."""
 
-    def sequence_logprobs(
-        self, completions: list[Completion], with_adapter: bool = True, temperature: float = 1.0
-    ) -> list[torch.Tensor]:
+    def sequence_logprobs(self, completions: list[Completion], with_adapter: bool = True, temperature: float = 1.0) -> list[torch.Tensor]:
         """Per-token log-probs (one tensor per completion) of each completion given its prompt under the
         current policy (the base model when `with_adapter` is False); used to re-score re-attached ones."""
         ...
@@ -89,9 +85,7 @@ class Policy:
             self._trainer = self._load_trainer()
         return self._trainer
 
-    def sample_stream(
-        self, contexts: list[str], k: int, sampling: SamplingConfig, seed: int
-    ) -> Iterator[tuple[int, int, Completion]]:
+    def sample_stream(self, contexts: list[str], k: int, sampling: SamplingConfig, seed: int) -> Iterator[tuple[int, int, Completion]]:
         """`Sampler.sample_stream`: the completions as they finish."""
         self.temperature = float(sampling.temperature)
         return self.sampler.sample_stream(contexts, k, sampling, seed)

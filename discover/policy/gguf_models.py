@@ -71,7 +71,9 @@ def gguf_file_of(name: str) -> Path | None:
         try:
             dist = importlib.metadata.distribution(packaged.distribution)
         except importlib.metadata.PackageNotFoundError:
-            raise ModelUnavailable(f"model {name!r} comes from the package {packaged.distribution}, which is not installed: {install}") from None
+            raise ModelUnavailable(
+                f"model {name!r} comes from the package {packaged.distribution}, which is not installed: {install}"
+            ) from None
         path = Path(str(dist.locate_file(packaged.file)))
         if not path.is_file():
             raise ModelUnavailable(f"model {name!r}: {path} is missing from the installed {packaged.distribution}; reinstall it: {install}")

@@ -54,8 +54,12 @@ class OffloadStats:
     devices: set[str] = field(default_factory=set)
 
     def as_dict(self) -> dict[str, float]:
-        return {"tensors": float(self.tensors), "copied_GiB": self.copied_bytes / 2**30,
-                "device_GiB": self.device_bytes / 2**30, "seconds": self.seconds}
+        return {
+            "tensors": float(self.tensors),
+            "copied_GiB": self.copied_bytes / 2**30,
+            "device_GiB": self.device_bytes / 2**30,
+            "seconds": self.seconds,
+        }
 
 
 _LOCK = threading.RLock()

@@ -44,8 +44,7 @@ def generation_devices(model: ModelConfig) -> list[int]:
     index = _cuda_index(model.device)
     if index is None:
         raise RuntimeError(
-            "the vllm backend needs a CUDA GPU and none is visible here; run on a GPU worker, "
-            "or set model.backend: transformers"
+            "the vllm backend needs a CUDA GPU and none is visible here; run on a GPU worker, or set model.backend: transformers"
         )
     return [index]
 

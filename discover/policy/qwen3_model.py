@@ -47,20 +47,47 @@ CHAT_TEMPLATE = (
 # Published shapes (Qwen3 technical report / the models' config.json); vocab 151936 as released.
 SHAPES: dict[str, dict[str, Any]] = {
     "tiny": dict(
-        vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, max_position_embeddings=8192, initializer_range=0.2,
+        vocab_size=1024,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=8192,
+        initializer_range=0.2,
     ),
     "small": dict(  # GPU tests: head_dim 64, which every vLLM attention backend supports
-        vocab_size=4096, hidden_size=512, intermediate_size=1536, num_hidden_layers=4, num_attention_heads=8,
-        num_key_value_heads=4, head_dim=64, max_position_embeddings=16384, initializer_range=0.1,
+        vocab_size=4096,
+        hidden_size=512,
+        intermediate_size=1536,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=64,
+        max_position_embeddings=16384,
+        initializer_range=0.1,
     ),
     "0.6b": dict(
-        vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
-        num_key_value_heads=8, head_dim=128, max_position_embeddings=40960, tie_word_embeddings=True,
+        vocab_size=151936,
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        max_position_embeddings=40960,
+        tie_word_embeddings=True,
     ),
     "8b": dict(
-        vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
-        num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
+        vocab_size=151936,
+        hidden_size=4096,
+        intermediate_size=12288,
+        num_hidden_layers=36,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        max_position_embeddings=40960,
     ),
 }
 
@@ -72,9 +99,7 @@ def build_tokenizer(vocab_size: int):
 
     from discover.policy.tiny_model import corpus
 
-    pre = pre_tokenizers.Sequence(
-        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
-    )
+    pre = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)])
     learned = Tokenizer(models.BPE())
     learned.pre_tokenizer = pre
     trainer = trainers.BpeTrainer(

@@ -36,7 +36,7 @@ We use gradient descent with a small learning rate and random restarts.
 The answer is a single Python code block. Keep the runtime below one minute.
 """
 
-_CODE = '''\
+_CODE = """\
 ```python
 import numpy as np
 
@@ -64,7 +64,7 @@ def solve():
             best = candidate
     return best
 ```
-'''
+"""
 
 
 def corpus() -> list[str]:
@@ -145,8 +145,10 @@ def _cache_root() -> Path:
 
 
 def _complete(path: Path) -> bool:
-    return (path / "config.json").is_file() and (path / "tokenizer.json").is_file() and (
-        (path / "model.safetensors").is_file() or (path / "model.safetensors.index.json").is_file()
+    return (
+        (path / "config.json").is_file()
+        and (path / "tokenizer.json").is_file()
+        and ((path / "model.safetensors").is_file() or (path / "model.safetensors.index.json").is_file())
     )
 
 

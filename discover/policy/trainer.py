@@ -60,7 +60,9 @@ def disable_dropout(model: torch.nn.Module) -> None:
             m.attention_dropout = 0.0
 
 
-def _chunk_logprobs(head: torch.nn.Module, h: torch.Tensor, targets: torch.Tensor, temperature: float, softcap: float | None) -> torch.Tensor:
+def _chunk_logprobs(
+    head: torch.nn.Module, h: torch.Tensor, targets: torch.Tensor, temperature: float, softcap: float | None
+) -> torch.Tensor:
     logits = head(h).float()
     if softcap:
         logits = torch.tanh(logits / softcap) * softcap
@@ -68,9 +70,7 @@ def _chunk_logprobs(head: torch.nn.Module, h: torch.Tensor, targets: torch.Tenso
     return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
 
-def token_logprobs(
-    model: torch.nn.Module, completions: list[Completion], temperature: float, pad_id: int
-) -> list[torch.Tensor]:
+def token_logprobs(model: torch.nn.Module, completions: list[Completion], temperature: float, pad_id: int) -> list[torch.Tensor]:
     """Per-token log-probs of each completion given its prompt, in one right-padded pass.
 
     With grad enabled the graph is kept (the output layer chunk-wise recomputed); float32 results.
@@ -143,8 +143,7 @@ def accumulate_gradients(
     statistics (the caller steps the optimizer).
     """
     chosen = [
-        (c, float(a)) for c, a in zip(completions, advantages, strict=True)
-        if any(c.loss_mask) and not (float(a) == 0.0 and kl_coef == 0.0)
+        (c, float(a)) for c, a in zip(completions, advantages, strict=True) if any(c.loss_mask) and not (float(a) == 0.0 and kl_coef == 0.0)
     ]
     lengths = [len(c.prompt_ids) + len(c.completion_ids) for c, _ in chosen]
     batches = pack_by_tokens(lengths, micro_batch_tokens) if chosen else []
@@ -277,9 +276,7 @@ class LoRATrainer:
     def _pad_id(self) -> int:
         return self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
 
-    def sequence_logprobs(
-        self, completions: list[Completion], with_adapter: bool = True, temperature: float = 1.0
-    ) -> list[torch.Tensor]:
+    def sequence_logprobs(self, completions: list[Completion], with_adapter: bool = True, temperature: float = 1.0) -> list[torch.Tensor]:
         """Per-token log-probs of each completion given its prompt, temperature-scaled.
 
         With the adapter the graph is kept (when grad is enabled); without it (base model) nothing
@@ -335,10 +332,15 @@ class LoRATrainer:
         self.model.train()  # gradient checkpointing is active in training mode; dropout is off
         try:
             stats = accumulate_gradients(
-                self.model, batch.completions, batch.advantages,
-                kl_coef=train.kl_coef, temperature=temperature,
-                micro_batch_tokens=self.model_config.micro_batch_tokens, pad_id=self._pad_id(),
-                ratio_cap=train.importance_ratio_cap, kl_center=train.kl_center,
+                self.model,
+                batch.completions,
+                batch.advantages,
+                kl_coef=train.kl_coef,
+                temperature=temperature,
+                micro_batch_tokens=self.model_config.micro_batch_tokens,
+                pad_id=self._pad_id(),
+                ratio_cap=train.importance_ratio_cap,
+                kl_center=train.kl_center,
             )
         finally:
             self.model.eval()

@@ -56,9 +56,7 @@ def _tokenizer(path: str):
 def sampled_logprobs(logprobs: Any, token_ids: list[int]) -> list[float]:
     """The log-prob of each sampled token from vLLM's per-position logprobs (dicts or FlatLogprobs)."""
     if logprobs is None or len(logprobs) != len(token_ids):
-        raise RuntimeError(
-            f"vLLM returned {0 if logprobs is None else len(logprobs)} log-probs for {len(token_ids)} tokens"
-        )
+        raise RuntimeError(f"vLLM returned {0 if logprobs is None else len(logprobs)} log-probs for {len(token_ids)} tokens")
     if hasattr(logprobs, "start_indices"):  # FlatLogprobs: parallel lists, ranges per position
         out = []
         for pos, tok in enumerate(token_ids):
@@ -151,8 +149,12 @@ class VLLMDecodeEngine:
         """
         out = {}
         for phase, (requests, prompt, cached) in self.cache_counts.items():
-            out[phase] = {"requests": float(requests), "prompt_tokens": float(prompt), "cached_tokens": float(cached),
-                          "hit_rate": cached / prompt if prompt else float("nan")}
+            out[phase] = {
+                "requests": float(requests),
+                "prompt_tokens": float(prompt),
+                "cached_tokens": float(cached),
+                "hit_rate": cached / prompt if prompt else float("nan"),
+            }
         return out
 
     def submit(self, key: Hashable, request: PhaseRequest, temperature: float, seed: int) -> None:
@@ -199,8 +201,14 @@ class VLLMDecodeEngine:
         if not self._pending and done:
             seconds = time.time() - self._t0
             answer = self.cache_counts["answer"]
-            log.info("vLLM: %d tokens in %.1f s (%.0f tokens/s); answer phase prefix-cache hits %d of %d prompt tokens",
-                     self._tokens, seconds, self._tokens / max(seconds, 1e-9), answer[2], answer[1])
+            log.info(
+                "vLLM: %d tokens in %.1f s (%.0f tokens/s); answer phase prefix-cache hits %d of %d prompt tokens",
+                self._tokens,
+                seconds,
+                self._tokens / max(seconds, 1e-9),
+                answer[2],
+                answer[1],
+            )
         return done
 
     def cancel(self) -> None:
@@ -252,9 +260,7 @@ class VLLMSampler:
             self._lora = LoRARequest(**fresh_adapter(self.adapter_dir))
         return self._lora
 
-    def sample_stream(
-        self, prompts: list[str], n: int, sampling: SamplingConfig, seed: int
-    ) -> Iterator[tuple[int, int, Completion]]:
+    def sample_stream(self, prompts: list[str], n: int, sampling: SamplingConfig, seed: int) -> Iterator[tuple[int, int, Completion]]:
         """`n` completions per prompt through vLLM (docs/method.md §4) as (prompt index, index among its n,
         completion), each as it finishes; sampler log-probs at the sampling temperature."""
         tok = self.tokenizer
@@ -269,7 +275,12 @@ class VLLMSampler:
             vllm_engine.use_adapter(held, lora.lora_int_id)
         self.last_engine = VLLMDecodeEngine(held.llm, lora)
         return stream_two_phase(
-            self.last_engine, rendered, n, sampling, seed, fmt,
+            self.last_engine,
+            rendered,
+            n,
+            sampling,
+            seed,
+            fmt,
             encode=lambda s: [int(t) for t in tok.encode(s, add_special_tokens=False)],
             decode=tok.decode,
             eos_ids=eos_ids(self.path),
@@ -279,8 +290,13 @@ class VLLMSampler:
         """Park the trainer's tensors (resident base model, adapters, Adam state) in CPU memory (`offload.py`)."""
         stats = offload.park_all()
         if stats.tensors:
-            log.info("trainer offloaded to CPU memory: %d tensors, %.2f GiB freed, %.2f GiB copied, %.2f s",
-                     stats.tensors, stats.device_bytes / 2**30, stats.copied_bytes / 2**30, stats.seconds)
+            log.info(
+                "trainer offloaded to CPU memory: %d tensors, %.2f GiB freed, %.2f GiB copied, %.2f s",
+                stats.tensors,
+                stats.device_bytes / 2**30,
+                stats.copied_bytes / 2**30,
+                stats.seconds,
+            )
         return stats.as_dict()
 
     @contextmanager

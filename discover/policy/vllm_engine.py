@@ -130,8 +130,13 @@ def _build(spec: EngineSpec) -> Any:
     vllm = _import_vllm()
     log.info(
         "starting vLLM %s for %s on GPU(s) %s (%.0f%% of their memory, context %d, LoRA rank <= %d%s)",
-        vllm.__version__, spec.model_path, list(spec.devices), 100 * spec.memory_fraction, spec.max_model_len,
-        spec.max_lora_rank, ", sleep mode" if spec.sleep_mode else "",
+        vllm.__version__,
+        spec.model_path,
+        list(spec.devices),
+        100 * spec.memory_fraction,
+        spec.max_model_len,
+        spec.max_lora_rank,
+        ", sleep mode" if spec.sleep_mode else "",
     )
     with _child_environment(spec.devices):
         return vllm.LLM(
@@ -208,9 +213,14 @@ def kv_cache_size(held: _Held) -> dict[str, float]:
         per_token = 2.0 * hf.num_hidden_layers * hf.num_key_value_heads * head_dim * model.dtype.itemsize
     except Exception as err:  # a configuration of another shape: the token count alone
         log.debug("KV cache bytes per token unknown: %s", err)
-    return {"blocks": float(blocks), "block_size": float(block_size), "tokens": float(tokens),
-            "GiB": tokens * per_token / 2**30, "max_model_len": float(held.spec.max_model_len),
-            "sequences_of_max_len": tokens / held.spec.max_model_len if held.spec.max_model_len else float("nan")}
+    return {
+        "blocks": float(blocks),
+        "block_size": float(block_size),
+        "tokens": float(tokens),
+        "GiB": tokens * per_token / 2**30,
+        "max_model_len": float(held.spec.max_model_len),
+        "sequences_of_max_len": tokens / held.spec.max_model_len if held.spec.max_model_len else float("nan"),
+    }
 
 
 def use_adapter(held: _Held, lora_id: int) -> None:

@@ -69,9 +69,7 @@ class AtCoderProblem(BaseProblem):
         # A C++ file to start from instead of the built-in seed (e.g. the published program the paper
         # started AHC039 from); read only when seeds are drawn, when a run starts.
         self.initial_program = initial_program
-        self.limits = SandboxLimits(
-            timeout_s=timeout_s, memory_mb=memory_mb, cpus=cpus, max_output_bytes=OUTPUT_CAP, max_processes=64
-        )
+        self.limits = SandboxLimits(timeout_s=timeout_s, memory_mb=memory_mb, cpus=cpus, max_output_bytes=OUTPUT_CAP, max_processes=64)
         self._parsed: dict[int, Any] = {}
         self._lock = threading.Lock()
 
@@ -291,8 +289,12 @@ def _row(run: CaseRun, judgement: Judgement | None) -> dict[str, Any]:
         verdict = "AC" if judgement.valid else "WA"
         reason, score = judgement.reason, judgement.score
     return {
-        "case": run.case, "verdict": verdict, "score": int(score), "cpu_s": round(run.cpu_s, 3),
-        "peak_mb": round(run.peak_mb, 1), "reason": reason,
+        "case": run.case,
+        "verdict": verdict,
+        "score": int(score),
+        "cpu_s": round(run.cpu_s, 3),
+        "peak_mb": round(run.peak_mb, 1),
+        "reason": reason,
     }
 
 

@@ -147,7 +147,7 @@ def read_integers(text: str) -> Integers:
     bad_at = int(hits[0]) if len(hits) else len(raw)
     reason = "not an integer"
     # tokens longer than _LONG characters may be integers out of the 64-bit range: checked one by one
-    run = solid[: bad_at].copy()
+    run = solid[:bad_at].copy()
     for k in range(1, _LONG + 1):
         run[:-k] &= solid[k:bad_at]
         run[len(run) - k :] = False

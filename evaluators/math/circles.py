@@ -59,7 +59,7 @@ def check_circles(construction: Any, n: int) -> tuple[list[tuple[float, float, f
 
 
 def first_violation(circles: list[tuple[float, float, float]], tolerance: float) -> str:
-    """"" when the circles lie in the unit square and are pairwise disjoint up to `tolerance`,
+    """ "" when the circles lie in the unit square and are pairwise disjoint up to `tolerance`,
     else the first violation found. Exact rational arithmetic throughout."""
     t = Fraction(tolerance)
     exact = [tuple(Fraction(v) for v in c) for c in circles]

@@ -43,9 +43,7 @@ class MathProblem(BaseProblem):
         seeds_file: str | None = None,
         starter: str | None = None,
     ):
-        self.limits = SandboxLimits(
-            timeout_s=timeout_s, memory_mb=memory_mb, cpus=cpus, max_output_bytes=self.max_output_bytes
-        )
+        self.limits = SandboxLimits(timeout_s=timeout_s, memory_mb=memory_mb, cpus=cpus, max_output_bytes=self.max_output_bytes)
         # Read only when seeds are drawn (once, when a run starts), so the later tasks of a run
         # never depend on the file; a relative path is taken from the working directory.
         self.seeds_file = seeds_file

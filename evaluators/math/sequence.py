@@ -20,9 +20,7 @@ def sequence_values(construction: Any) -> Any:
     return construction
 
 
-def check_sequence(
-    construction: Any, *, high: float, max_pieces: int, min_sum: float = 0.0
-) -> tuple[np.ndarray | None, str]:
+def check_sequence(construction: Any, *, high: float, max_pieces: int, min_sum: float = 0.0) -> tuple[np.ndarray | None, str]:
     """(values as float64, "") for 1..max_pieces real numbers in [0, high] summing to at least
     `min_sum`; otherwise (None, the reason)."""
     if isinstance(construction, dict) and "values" not in construction:

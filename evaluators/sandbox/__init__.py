@@ -10,7 +10,13 @@ from evaluators.sandbox.base import Sandbox, SandboxLimits, SandboxResult
 from evaluators.sandbox.process import ProcessSandbox, UnboundedProcessTree
 
 __all__ = [
-    "BACKENDS", "ProcessSandbox", "Sandbox", "SandboxLimits", "SandboxResult", "UnboundedProcessTree", "get_sandbox",
+    "BACKENDS",
+    "ProcessSandbox",
+    "Sandbox",
+    "SandboxLimits",
+    "SandboxResult",
+    "UnboundedProcessTree",
+    "get_sandbox",
     "sandbox_for",
 ]
 
@@ -22,9 +28,7 @@ _docker_boxes: dict[tuple, Any] = {}  # one warm pool per (image, concurrency, g
 _docker_lock = threading.Lock()
 
 
-def sandbox_for(
-    problem: Any, backend: str, concurrency: int = 2, allow_unbounded_process_tree: bool | None = None
-) -> Sandbox | None:
+def sandbox_for(problem: Any, backend: str, concurrency: int = 2, allow_unbounded_process_tree: bool | None = None) -> Sandbox | None:
     """The sandbox a problem's candidates run in: its image, its GPU need; None if it needs none.
 
     The one place that builds a problem's sandbox: the run's evaluate task, re-evaluation and the
@@ -35,7 +39,10 @@ def sandbox_for(
     if not problem.needs_sandbox:
         return None
     return get_sandbox(
-        backend, image=problem.image, concurrency=concurrency, gpu=problem.needs_gpu,
+        backend,
+        image=problem.image,
+        concurrency=concurrency,
+        gpu=problem.needs_gpu,
         allow_unbounded_process_tree=allow_unbounded_process_tree,
     )
 
@@ -56,7 +63,10 @@ def docker_unavailable(image: str = DEFAULT_IMAGE) -> str:
 
 
 def get_sandbox(
-    backend: str, image: str | None = None, concurrency: int = 2, gpu: bool = False,
+    backend: str,
+    image: str | None = None,
+    concurrency: int = 2,
+    gpu: bool = False,
     allow_unbounded_process_tree: bool | None = None,
 ) -> Sandbox:
     """The sandbox for `backend`: "process", "docker" or "auto".

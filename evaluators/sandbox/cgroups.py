@@ -99,7 +99,7 @@ def _join(mount: str, root: str, path: str) -> str | None:
     root = root.rstrip("/")
     if root and not (path == root or path.startswith(root + "/")):
         return None  # our cgroup is outside what this mount shows
-    directory = os.path.join(mount, path[len(root):].lstrip("/"))
+    directory = os.path.join(mount, path[len(root) :].lstrip("/"))
     return directory if os.path.isdir(directory) else None
 
 
@@ -173,8 +173,10 @@ def _enable_v2(parent: str, controllers: list[str]) -> str:
             _write(os.path.join(parent, "cgroup.subtree_control"), "+" + name)
         except OSError as err:
             if name != "cpu":
-                return (f"cannot enable the {name} controller for children of {parent} ({err.strerror}); "
-                        f"point {PARENT_ENV} at a delegated cgroup")
+                return (
+                    f"cannot enable the {name} controller for children of {parent} ({err.strerror}); "
+                    f"point {PARENT_ENV} at a delegated cgroup"
+                )
     return ""
 
 

@@ -69,6 +69,7 @@ from evaluators.sandbox.docker_engine import (  # noqa: F401  (re-exported: test
     recv_frame,
     sandbox_containers,
 )
+
 KEEPER_UID, RUN_UID = 10000, 10001
 DATA_MOUNT = "/data"  # where a run's read-only data directory is bind-mounted
 TMPFS_MB = 256  # /tmp, charged to the container's memory limit
@@ -128,7 +129,12 @@ class DockerSandbox:
     # -- the contract ---------------------------------------------------------------------------
 
     def run(
-        self, program: str, entry: str, argument: Any, limits: SandboxLimits, data_dir: Path | None = None,
+        self,
+        program: str,
+        entry: str,
+        argument: Any,
+        limits: SandboxLimits,
+        data_dir: Path | None = None,
         device: str | None = None,
     ) -> SandboxResult:
         start = time.monotonic()
@@ -139,7 +145,10 @@ class DockerSandbox:
         with self._slots:
             result = self._run(program, entry, argument, limits, data_dir, device)
         return SandboxResult(
-            ok=result.ok, output=result.output, reason=result.reason, logs=result.logs,
+            ok=result.ok,
+            output=result.output,
+            reason=result.reason,
+            logs=result.logs,
             duration_s=time.monotonic() - start,
         )
 
@@ -234,8 +243,11 @@ class DockerSandbox:
     def _result(self, report: dict, limits: SandboxLimits) -> SandboxResult:
         cap = int(limits.max_output_bytes)
         logs, last_err_line = compose_logs(
-            base64.b64decode(report["stdout"]), bool(report["stdout_cut"]),
-            base64.b64decode(report["stderr"]), bool(report["stderr_cut"]), cap,
+            base64.b64decode(report["stdout"]),
+            bool(report["stdout_cut"]),
+            base64.b64decode(report["stderr"]),
+            bool(report["stderr_cut"]),
+            cap,
         )
         if report["timed_out"]:
             return SandboxResult(ok=False, reason=f"timeout after {limits.timeout_s:g} s", logs=logs)
@@ -256,8 +268,13 @@ class DockerSandbox:
 
         try:
             exec_id = self._api.exec_create(
-                c.id, ["python3", "-I", "-c", RUNNER], stdin=True, stdout=True, stderr=True,
-                user=f"{RUN_UID}:{RUN_UID}", workdir="/tmp",
+                c.id,
+                ["python3", "-I", "-c", RUNNER],
+                stdin=True,
+                stdout=True,
+                stderr=True,
+                user=f"{RUN_UID}:{RUN_UID}",
+                workdir="/tmp",
             )["Id"]
             sock = self._api.exec_start(exec_id, socket=True)
         except docker.errors.DockerException:

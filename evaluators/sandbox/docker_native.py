@@ -161,8 +161,13 @@ class DockerSession:
         api = pool.api
         try:
             exec_id = api.exec_create(
-                container.id, ["python3", "-I", "-S", "-c", RUNNER_TEXT], stdin=True, stdout=True, stderr=True,
-                user="0:0", workdir="/tmp",
+                container.id,
+                ["python3", "-I", "-S", "-c", RUNNER_TEXT],
+                stdin=True,
+                stdout=True,
+                stderr=True,
+                user="0:0",
+                workdir="/tmp",
             )["Id"]
             self.sock = api.exec_start(exec_id, socket=True)
         except Exception as err:

@@ -27,6 +27,7 @@ def tail(path, cap):
     except OSError:
         return b"", False
 
+
 def others():
     me, uid, found = os.getpid(), os.getuid(), []
     for name in os.listdir("/proc"):
@@ -42,6 +43,7 @@ def others():
             found.append(name)
     return found
 
+
 def killall():
     for _ in range(500):
         try:
@@ -53,6 +55,7 @@ def killall():
         time.sleep(0.002)
     return False
 
+
 def wipe(top):
     def retry(func, p, exc):
         try:
@@ -60,6 +63,7 @@ def wipe(top):
             func(p)
         except OSError:
             pass
+
     try:
         names = os.listdir(top)
     except OSError:
@@ -75,6 +79,7 @@ def wipe(top):
         except OSError:
             pass
 
+
 def oom_first():
     try:
         with open("/proc/self/oom_score_adj", "w") as f:
@@ -88,7 +93,8 @@ def main():
     job = json.loads(sys.stdin.buffer.read(n))
     cap = job["cap"]
     killall()
-    wipe("/tmp"); wipe("/dev/shm")
+    wipe("/tmp")
+    wipe("/dev/shm")
     d = "/tmp/run-" + job["token"]
     os.mkdir(d, 0o700)
     for name, text in job["files"].items():
@@ -96,9 +102,19 @@ def main():
             f.write(text)
     out, err = open(os.path.join(d, "stdout.txt"), "wb"), open(os.path.join(d, "stderr.txt"), "wb")
     start = time.monotonic()
-    proc = subprocess.Popen(["python3", "-s", "-B", "-P", "harness.py", "job.json"], cwd=d, env=job["env"],
-        stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True, close_fds=True, preexec_fn=oom_first)
-    out.close(); err.close()
+    proc = subprocess.Popen(
+        ["python3", "-s", "-B", "-P", "harness.py", "job.json"],
+        cwd=d,
+        env=job["env"],
+        stdin=subprocess.DEVNULL,
+        stdout=out,
+        stderr=err,
+        start_new_session=True,
+        close_fds=True,
+        preexec_fn=oom_first,
+    )
+    out.close()
+    err.close()
     timed_out = False
     try:
         rc = proc.wait(timeout=job["timeout"])
@@ -126,11 +142,20 @@ def main():
         except OSError as e:
             output_error = "output.json is a symbolic link" if e.errno == 40 else "could not read the return value: %s" % e
     clean = killall() and clean
-    wipe("/tmp"); wipe("/dev/shm")
-    report = {"rc": rc, "timed_out": timed_out, "elapsed": time.monotonic() - start, "clean": clean,
-        "output": output, "output_error": output_error,
-        "stdout": base64.b64encode(out_b).decode(), "stdout_cut": out_cut,
-        "stderr": base64.b64encode(err_b).decode(), "stderr_cut": err_cut}
+    wipe("/tmp")
+    wipe("/dev/shm")
+    report = {
+        "rc": rc,
+        "timed_out": timed_out,
+        "elapsed": time.monotonic() - start,
+        "clean": clean,
+        "output": output,
+        "output_error": output_error,
+        "stdout": base64.b64encode(out_b).decode(),
+        "stdout_cut": out_cut,
+        "stderr": base64.b64encode(err_b).decode(),
+        "stderr_cut": err_cut,
+    }
     sys.stdout.write("\n" + job["token"] + " " + json.dumps(report) + "\n")
     sys.stdout.flush()
 

@@ -146,8 +146,14 @@ def classify(raw: dict[str, Any], limits: NativeLimits) -> CaseRun:
     elif sig is not None or code:
         status, detail = "RE", _exit(sig, code)
     return CaseRun(
-        case=int(raw["index"]), status=status, detail=detail, cpu_s=cpu, wall_s=float(raw["wall_s"]), peak_mb=peak,
-        stdout=base64.b64decode(raw["stdout"]), stderr=stderr,
+        case=int(raw["index"]),
+        status=status,
+        detail=detail,
+        cpu_s=cpu,
+        wall_s=float(raw["wall_s"]),
+        peak_mb=peak,
+        stdout=base64.b64decode(raw["stdout"]),
+        stderr=stderr,
     )
 
 
@@ -176,9 +182,13 @@ def run_program(
     """
     deadline = time.monotonic() + limits.deadline_s
     base = {
-        "cpu_s": limits.cpu_s, "wall_s": limits.wall_s, "memory_mb": limits.memory_mb,
-        "output_bytes": limits.output_bytes, "compile_timeout_s": limits.compile_timeout_s,
-        "compile_memory_mb": limits.compile_memory_mb, "binary_mb": limits.binary_mb,
+        "cpu_s": limits.cpu_s,
+        "wall_s": limits.wall_s,
+        "memory_mb": limits.memory_mb,
+        "output_bytes": limits.output_bytes,
+        "compile_timeout_s": limits.compile_timeout_s,
+        "compile_memory_mb": limits.compile_memory_mb,
+        "binary_mb": limits.binary_mb,
     }
     try:
         first = open_session(0)
@@ -332,8 +342,13 @@ class LocalSession:
         self.stderr = tempfile.TemporaryFile()
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", str(RUNNER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=self.stderr, start_new_session=True, close_fds=True, cwd=self.parent,
+                [sys.executable, "-I", "-S", str(RUNNER)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=self.stderr,
+                start_new_session=True,
+                close_fds=True,
+                cwd=self.parent,
             )
         except OSError as err:
             self._release()

@@ -326,7 +326,9 @@ def compile_source(setup, child, work):
         return {"ok": False, "seconds": 0.0, "log": "the sandbox has no compiler: %s is not installed" % argv[0], "missing": True}
     with open(log_path, "wb") as log:
         child.env["TMPDIR"] = build
-        proc = child.popen(argv, limits, setup.get("cgroup_procs", ()), cwd=build, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+        proc = child.popen(
+            argv, limits, setup.get("cgroup_procs", ()), cwd=build, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+        )
         timed_out, status, _, _ = child.wait(proc, timeout, start)
         del child.env["TMPDIR"]
     child.clean()
@@ -382,7 +384,13 @@ def run_case(case, setup, child, work):
     with open(paths["input"], "rb") as stdin, open(paths["stdout"], "wb") as stdout, open(paths["stderr"], "wb") as stderr:
         start = time.monotonic()
         proc = child.popen(
-            [os.path.join(work, "bin", "main")], limits, case.get("cgroup_procs", ()), cwd=private or os.path.join(work, "bin"), stdin=stdin, stdout=stdout, stderr=stderr,
+            [os.path.join(work, "bin", "main")],
+            limits,
+            case.get("cgroup_procs", ()),
+            cwd=private or os.path.join(work, "bin"),
+            stdin=stdin,
+            stdout=stdout,
+            stderr=stderr,
         )
         timed_out, status, usage, wall = child.wait(proc, float(setup["wall_s"]), start)
     cpu1, oom1 = (cgroup_cpu_s(), cgroup_oom_kills()) if setup.get("cgroup") else (None, None)

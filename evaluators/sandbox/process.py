@@ -103,14 +103,17 @@ def check_tree_bound(allow_unbounded: bool) -> Layout | None:
         _warned.set()
         log.warning(
             "process sandbox: %s, so a candidate's process tree is bounded only per process (rlimits), "
-            "not in total (sandbox.allow_unbounded_process_tree is set)", why,
+            "not in total (sandbox.allow_unbounded_process_tree is set)",
+            why,
         )
     return None
 
 
 def unbounded_message(why: str) -> str:
-    return (f"the process sandbox cannot bound a candidate's process tree here ({why}); "
-            "use sandbox.backend: docker or set sandbox.allow_unbounded_process_tree: true")
+    return (
+        f"the process sandbox cannot bound a candidate's process tree here ({why}); "
+        "use sandbox.backend: docker or set sandbox.allow_unbounded_process_tree: true"
+    )
 
 
 def allow_from_env() -> bool:
@@ -135,7 +138,12 @@ class ProcessSandbox:
         self.layout = check_tree_bound(self.allow_unbounded_process_tree)
 
     def run(
-        self, program: str, entry: str, argument: Any, limits: SandboxLimits, data_dir: Path | None = None,
+        self,
+        program: str,
+        entry: str,
+        argument: Any,
+        limits: SandboxLimits,
+        data_dir: Path | None = None,
         device: str | None = None,
     ) -> SandboxResult:
         start = time.monotonic()
@@ -161,7 +169,13 @@ class ProcessSandbox:
         return run_program(lambda slot: LocalSession(slot, limits, self.layout), source, cases, limits, on_case)
 
     def _run_in(
-        self, workdir: Path, program: str, entry: str, argument: Any, limits: SandboxLimits, data_dir: Path | None,
+        self,
+        workdir: Path,
+        program: str,
+        entry: str,
+        argument: Any,
+        limits: SandboxLimits,
+        data_dir: Path | None,
         device: str | None = None,
     ) -> SandboxResult:
         (workdir / "candidate.py").write_text(program, encoding="utf-8")
@@ -199,7 +213,12 @@ class ProcessSandbox:
                 release_run_uid(uid)
 
     def _spawn(
-        self, workdir: Path, limits: SandboxLimits, uid: int | None, data_dir: Path | None, device: str | None = None,
+        self,
+        workdir: Path,
+        limits: SandboxLimits,
+        uid: int | None,
+        data_dir: Path | None,
+        device: str | None = None,
         group: RunCgroup | None = None,
     ) -> SandboxResult:
         token = secrets.token_hex(16)
@@ -241,7 +260,8 @@ class ProcessSandbox:
             return SandboxResult(ok=False, reason=f"timeout after {limits.timeout_s:g} s", logs=logs)
         if group is not None and group.oom_kills():  # whoever was killed, the tree went over
             return SandboxResult(
-                ok=False, logs=logs,
+                ok=False,
+                logs=logs,
                 reason=f"memory limit ({limits.memory_mb} MB) exceeded by the process tree: the out-of-memory killer fired",
             )
         if returncode == EXIT_NO_CGROUP and group is not None and not group.cpu_s():
@@ -260,9 +280,7 @@ def _thread_env(limits: SandboxLimits) -> dict[str, str]:
     return {name: n for name in names}
 
 
-def _clean_env(
-    workdir: Path, limits: SandboxLimits, token: str, data_dir: Path | None = None, device: str | None = None
-) -> dict[str, str]:
+def _clean_env(workdir: Path, limits: SandboxLimits, token: str, data_dir: Path | None = None, device: str | None = None) -> dict[str, str]:
     """Nothing inherited from the parent environment (no API keys, no tokens).
 
     The process backend cannot mount: a data directory is shown by its absolute path and must be

@@ -81,9 +81,7 @@ def check_source(data: str, layer: str = "X", keep_obs: dict[str, list[Any]] | N
         raise ValueError(f"data must be {OFFLINE_DEFAULT!r} or a path to an .h5ad file, got {data!r}")
     if not path.is_file():
         raise ValueError(f"data file {data!r} does not exist (relative paths are taken from {Path.cwd()})")
-    if keep_obs is not None and (
-        not isinstance(keep_obs, dict) or not all(isinstance(v, (list, tuple)) for v in keep_obs.values())
-    ):
+    if keep_obs is not None and (not isinstance(keep_obs, dict) or not all(isinstance(v, (list, tuple)) for v in keep_obs.values())):
         raise ValueError(f"keep_obs must map obs columns to lists of values, e.g. {{'tech': ['inDrop1']}}; got {keep_obs!r}")
 
 

@@ -48,8 +48,12 @@ POISSON_EPS = 1e-6  # molecular-cross-validation's poisson_nll_loss: log(y_pred 
 POISSON_ACCEPTED = (0.97, 1.0)  # App. E: "we reject all the solutions that obtain a normalized Poisson lower than 0.97 or larger than 1"
 MSE_FLOOR = 1e-12  # 1 / MSE stays finite for an output equal to the held-out counts
 DROPOUT_AUC_MIN = 0.55  # docs/method.md §5d dropout rule: the least AUC on train-zero entries (0.5: a constant; MAGIC 0.77, ALRA 0.66-0.70)
-COUNT_POISSON_MIN = 0.2  # docs/method.md §5d count-scale rule: a valid output goes at least a fifth of the way from no denoising to the held-out counts
-LIKELIHOOD_SHARE = 0.985  # docs/method.md §5d likelihood rule: the least share of the MAGIC seed's normalised count-scale Poisson on the same split
+COUNT_POISSON_MIN = (
+    0.2  # docs/method.md §5d count-scale rule: a valid output goes at least a fifth of the way from no denoising to the held-out counts
+)
+LIKELIHOOD_SHARE = (
+    0.985  # docs/method.md §5d likelihood rule: the least share of the MAGIC seed's normalised count-scale Poisson on the same split
+)
 BASELINE_PROGRAM = "magic"  # docs/method.md §5d likelihood rule: the honest baseline (programs/magic.py, the seed), run on the host
 
 
@@ -160,8 +164,10 @@ def check_denoised(value: object, split: Split) -> tuple[np.ndarray | None, str]
         with np.errstate(invalid="ignore"):
             subnormal = (value != 0) & (np.abs(value) < np.finfo(value.dtype).tiny)
         if subnormal.any():
-            return None, (f"output has {int(subnormal.sum())} subnormal values (non-zero, below {np.finfo(value.dtype).tiny:.3g} "
-                          f"in {value.dtype}): write 0 or a normal number")
+            return None, (
+                f"output has {int(subnormal.sum())} subnormal values (non-zero, below {np.finfo(value.dtype).tiny:.3g} "
+                f"in {value.dtype}): write 0 or a normal number"
+            )
     Y = value.astype(np.float64)
     if not np.isfinite(Y).all():
         return None, f"output has {int(np.size(Y) - np.isfinite(Y).sum())} non-finite values (NaN or inf)"
@@ -184,13 +190,17 @@ def judge(split: Split, baselines: Baselines, value: object) -> EvalResult:
     low, high = POISSON_ACCEPTED
     if not low <= metrics["poisson_normalized"] <= high:
         return EvalResult(
-            reward=0.0, valid=False, metrics=metrics,
+            reward=0.0,
+            valid=False,
+            metrics=metrics,
             reason=f"normalised Poisson {metrics['poisson_normalized']:.4f} is outside [{low}, {high}] "
             f"(MSE {metrics['mse']:.6f}, score {metrics['score']:.4f})",
         )
     if not metrics["count_poisson_normalized"] >= COUNT_POISSON_MIN:
         return EvalResult(
-            reward=0.0, valid=False, metrics=metrics,
+            reward=0.0,
+            valid=False,
+            metrics=metrics,
             reason=f"on the count scale the output predicts the held-out counts too little better than the train counts: "
             f"normalised count-scale Poisson {metrics['count_poisson_normalized']:.4f} < {COUNT_POISSON_MIN} "
             f"(docs/method.md §5d; MSE {metrics['mse']:.6f}, published score {metrics['score']:.4f})",
@@ -198,7 +208,9 @@ def judge(split: Split, baselines: Baselines, value: object) -> EvalResult:
     floor = LIKELIHOOD_SHARE * baselines.count_poisson_magic
     if not metrics["count_poisson_normalized"] >= floor:
         return EvalResult(
-            reward=0.0, valid=False, metrics=metrics,
+            reward=0.0,
+            valid=False,
+            metrics=metrics,
             reason=f"the output predicts the held-out molecules less well than the MAGIC seed does: normalised count-scale "
             f"Poisson {metrics['count_poisson_normalized']:.4f} < {LIKELIHOOD_SHARE} x the MAGIC seed's "
             f"{baselines.count_poisson_magic:.4f} = {floor:.4f} (a sharpened output lowers the MSE but not this; "
@@ -207,7 +219,9 @@ def judge(split: Split, baselines: Baselines, value: object) -> EvalResult:
     auc = metrics.get("dropout_auc")
     if auc is not None and not auc >= DROPOUT_AUC_MIN:
         return EvalResult(
-            reward=0.0, valid=False, metrics=metrics,
+            reward=0.0,
+            valid=False,
+            metrics=metrics,
             reason=f"the output says nothing about the entries with no train molecule: it ranks those holding held-out "
             f"molecules with AUC {auc:.4f} < {DROPOUT_AUC_MIN} (0.5: a constant there, as any function of each entry's "
             f"own count is; docs/method.md §5d dropout rule)",

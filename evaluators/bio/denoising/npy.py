@@ -49,8 +49,10 @@ def read_npy(raw: bytes, shape: tuple[int, int]) -> tuple[np.ndarray | None, str
     expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     body = len(raw) - offset
     if body != expected:
-        return None, (f"the returned array's data is {body} bytes; its header ({dtype}, shape {got_shape}) "
-                      f"needs exactly {expected} (a truncated or padded .npy)")
+        return None, (
+            f"the returned array's data is {body} bytes; its header ({dtype}, shape {got_shape}) "
+            f"needs exactly {expected} (a truncated or padded .npy)"
+        )
     flat = np.frombuffer(raw, dtype=dtype, count=int(np.prod(shape)), offset=offset)
     array = flat.reshape(shape, order="F" if fortran else "C")
     return np.array(array, dtype=dtype.newbyteorder("=")), ""  # a copy in native byte order, its dtype kept (subnormals are judged in it)

@@ -64,9 +64,11 @@ class ProcessBackendRefused(BackendRefused):
 def process_refusal(data: str) -> str:
     """The one line that says why denoising refuses the process sandbox and how to go on."""
     where = "scanpy's own copy of pbmc68k_reduced" if data == OFFLINE_DEFAULT else f"the dataset file {data} if others may read it"
-    return (f"denoising refuses the process sandbox: a candidate there can read {where} and recover the held-out counts; "
-            f"use sandbox.backend: docker (build the image: make images), or set {ALLOW_PROCESS_OPTION}: true "
-            "for trusted programs only")
+    return (
+        f"denoising refuses the process sandbox: a candidate there can read {where} and recover the held-out counts; "
+        f"use sandbox.backend: docker (build the image: make images), or set {ALLOW_PROCESS_OPTION}: true "
+        "for trusted programs only"
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,7 +152,8 @@ class DenoisingProblem(BaseProblem):
     @property
     def description(self) -> str:
         dataset = (
-            "scanpy's pbmc68k_reduced (700 blood cells x 765 genes)" if self.data == OFFLINE_DEFAULT
+            "scanpy's pbmc68k_reduced (700 blood cells x 765 genes)"
+            if self.data == OFFLINE_DEFAULT
             else f"the dataset {Path(self.data).name}"
         )
         return describe(dataset, self.limits, CANDIDATE_RANDOM_STATE)
@@ -212,8 +215,11 @@ class DenoisingProblem(BaseProblem):
                 f"Its output: MSE {construction['mse']:.6f}, Poisson {construction['poisson']:.6f}, "
                 f"normalised MSE {construction['mse_normalized']:.4f}, normalised Poisson "
                 f"{construction['poisson_normalized']:.4f}, score {construction['score']:.4f}"
-                + (f", normalised count-scale Poisson {construction['count_poisson_normalized']:.4f}"
-                   if "count_poisson_normalized" in construction else "")
+                + (
+                    f", normalised count-scale Poisson {construction['count_poisson_normalized']:.4f}"
+                    if "count_poisson_normalized" in construction
+                    else ""
+                )
                 + (f", dropout AUC {construction['dropout_auc']:.4f}" if "dropout_auc" in construction else "")
                 + "."
             )
@@ -259,10 +265,12 @@ class DenoisingProblem(BaseProblem):
             _process_warned = True
             warnings.warn(
                 "denoising under the process sandbox: a candidate can read every world-readable file, "
-                + ("including scanpy's copy of pbmc68k_reduced, from which the held-out counts follow; "
-                   if self.data == OFFLINE_DEFAULT else "and the dataset file if it is readable by others; ")
+                + (
+                    "including scanpy's copy of pbmc68k_reduced, from which the held-out counts follow; "
+                    if self.data == OFFLINE_DEFAULT
+                    else "and the dataset file if it is readable by others; "
+                )
                 + "use the docker backend (images/bio) to train untrusted models",
                 RuntimeWarning,
                 stacklevel=2,
             )
-

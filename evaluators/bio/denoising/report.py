@@ -19,7 +19,17 @@ from evaluators.bio.denoising.split import Split
 __all__ = ["COLUMNS", "PUBLISHED", "TITLE", "baseline_rows", "report_sections", "row", "run_program"]
 
 TITLE = "Denoising: the best program against the baselines"
-COLUMNS = ("method", "MSE", "Poisson", "normalised MSE", "normalised Poisson", "score", "normalised count-scale Poisson", "dropout AUC", "reward")
+COLUMNS = (
+    "method",
+    "MSE",
+    "Poisson",
+    "normalised MSE",
+    "normalised Poisson",
+    "score",
+    "normalised count-scale Poisson",
+    "dropout AUC",
+    "reward",
+)
 PUBLISHED = "MAGIC (A, R) 0.64, ALRA (S, RN) 0.50, TTT-Discover 0.71"  # Table 7, PBMC 1k scores
 
 

@@ -27,7 +27,7 @@ def _where(shape, flat_index):
 
 
 def check_call(call, shape, job, torch, numpy, cache):
-    """"" when the call's samples agree with the reference, else why not."""
+    """ "" when the call's samples agree with the reference, else why not."""
     key = (call["set"], call["shape"], call["seed"])
     if key not in cache:
         cache.clear()  # one reference at a time: the largest outputs take gigabytes
@@ -50,10 +50,15 @@ def check_call(call, shape, job, torch, numpy, cache):
     if count:
         index = first if flat is None else int(flat[first])
         g, r = float(got[first]), float(expected[first])
-        what = "NaN/inf where the reference has none (or the reverse)" if (g != g or r != r or abs(g) == float("inf") or abs(r) == float("inf")) else \
-            f"off by more than {ATOL:g} + {RTOL:g}|ref|"  # noqa: F821 (reference.py)
-        return (f"{label}: {count} of {got.numel()} checked output values are wrong, {what}; first at "
-                f"[b, i, j, c] = {_where(shape, index)}: got {g!r}, expected {r!r} (largest finite error {max_err:.4g})")
+        what = (
+            "NaN/inf where the reference has none (or the reverse)"
+            if (g != g or r != r or abs(g) == float("inf") or abs(r) == float("inf"))
+            else f"off by more than {ATOL:g} + {RTOL:g}|ref|"
+        )  # noqa: F821 (reference.py)
+        return (
+            f"{label}: {count} of {got.numel()} checked output values are wrong, {what}; first at "
+            f"[b, i, j, c] = {_where(shape, index)}: got {g!r}, expected {r!r} (largest finite error {max_err:.4g})"
+        )
     x_flat = rng.integers(0, x.numel(), job["x_sample_elements"])
     x_got = _decode(call["x_values"], numpy)
     x_expected = x[torch.as_tensor(x_flat, device=x.device)].cpu().numpy()

@@ -1,6 +1,6 @@
 """The problem text `d` of TriMul, in our words (docs/method.md §5c); problem.py fills in the live values."""
 
-TEMPLATE = '''\
+TEMPLATE = """\
 Write a fast GPU kernel, in Python with Triton, for the "outgoing" triangle multiplicative update of
 AlphaFold3 (forward pass only). Your module must define
 
@@ -62,4 +62,4 @@ Rules; a kernel that breaks one gets 0:
 The evaluation of one kernel may take at most {timeout:g} s.
 
 Answer with one ```python block holding the whole module, starting with a short docstring that says
-how the kernel works.'''
+how the kernel works."""

@@ -83,7 +83,7 @@ def _children(pid):
                 stat = f.read()
         except OSError:
             continue
-        fields = stat[stat.rfind(b")") + 2:].split()
+        fields = stat[stat.rfind(b")") + 2 :].split()
         if len(fields) > 1 and int(fields[1]) == pid:
             found.append(int(entry))
     return found
@@ -123,14 +123,19 @@ class KernelLink:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
         self.proc = subprocess.Popen(
             ["/proc/self/exe", "-S", "-s", "-B", "-c", program, str(theirs.fileno())],
-            pass_fds=[theirs.fileno(), *path_fds], cwd=kernel_dir, env=env, stdin=subprocess.DEVNULL)
+            pass_fds=[theirs.fileno(), *path_fds],
+            cwd=kernel_dir,
+            env=env,
+            stdin=subprocess.DEVNULL,
+        )
         theirs.close()
         self.sock = ours
         self.next_id = 0
         # No candidate code exists yet: it arrives with "load", after this process has closed itself off.
         become_untouchable()
-        self.load_reply = self.request({"op": "load", "source": job["source"], "sys_path": list(sys.path),
-                                         "workdir": kernel_dir, "device": job["device"]})
+        self.load_reply = self.request(
+            {"op": "load", "source": job["source"], "sys_path": list(sys.path), "workdir": kernel_dir, "device": job["device"]}
+        )
 
     def request(self, message, fds=()):
         """Send one message and return the reply; a dead kernel process or a broken protocol raises KernelFailed."""
@@ -139,8 +144,9 @@ class KernelLink:
             reply, got = receive_message(self.sock)  # noqa: F821
         except (ProtocolError, OSError) as err:  # noqa: F821
             code = self.proc.poll()
-            raise KernelFailed(f"the kernel process {'exited with code ' + str(code) if code is not None else 'broke the protocol'} "
-                               f"({err})") from None
+            raise KernelFailed(
+                f"the kernel process {'exited with code ' + str(code) if code is not None else 'broke the protocol'} ({err})"
+            ) from None
         for fd in got:  # nothing the kernel process sends is used; descriptors included
             os.close(fd)
         return reply
@@ -149,8 +155,10 @@ class KernelLink:
         self.next_id += 1
         reply = self.request({**message, "op": "call", "id": self.next_id}, fds)
         if reply.get("id") != self.next_id:
-            raise KernelFailed(f"the kernel process answered call {reply.get('id')!r} when call {self.next_id} was due "
-                               "(a reply out of turn: the protocol is broken)")
+            raise KernelFailed(
+                f"the kernel process answered call {reply.get('id')!r} when call {self.next_id} was due "
+                "(a reply out of turn: the protocol is broken)"
+            )
         return reply
 
     def close(self):
@@ -172,14 +180,15 @@ class CpuHandover:
         self.tensors = {"x": x, "mask": mask, **{"w:" + k: v for k, v in weights.items()}}
         self.layout, offset = [], 0
         for name, t in self.tensors.items():
-            self.layout.append({"name": name, "dtype": str(t.dtype).replace("torch.", ""), "shape": list(t.shape),
-                                "offset": offset, "buffer": 0})
+            self.layout.append(
+                {"name": name, "dtype": str(t.dtype).replace("torch.", ""), "shape": list(t.shape), "offset": offset, "buffer": 0}
+            )
             offset += (t.numel() * t.element_size() + 63) // 64 * 64
         self.in_fd, self.inputs = self._buffer("trimul-inputs", max(offset, 64))
         self.private = {}
         for entry, (name, t) in zip(self.layout, self.tensors.items()):
             raw = t.contiguous().numpy().tobytes()
-            self.inputs[entry["offset"]:entry["offset"] + len(raw)] = raw
+            self.inputs[entry["offset"] : entry["offset"] + len(raw)] = raw
             self.private[name] = (entry["offset"], raw)
         count = 1
         for d in out_shape:
@@ -216,12 +225,13 @@ class CpuHandover:
 
     def shared_x(self):
         entry = self.layout[0]
-        return self.torch.frombuffer(self.inputs, dtype=self.torch.float32, count=len(self.private["x"][1]) // 4,
-                                     offset=entry["offset"]).view(entry["shape"])
+        return self.torch.frombuffer(
+            self.inputs, dtype=self.torch.float32, count=len(self.private["x"][1]) // 4, offset=entry["offset"]
+        ).view(entry["shape"])
 
     def mutated(self):
         for name, (offset, raw) in self.private.items():
-            if self.inputs[offset:offset + len(raw)] != raw:
+            if self.inputs[offset : offset + len(raw)] != raw:
                 return name.removeprefix("w:")
         return ""
 
@@ -329,8 +339,10 @@ class Timer:
             late = hand.written_late()
             hand.release()
             if late:
-                raise Rejected(f"{label}: the output buffer changed after the kernel process replied (it replied before "
-                               "its work was done; the time would have missed it)")
+                raise Rejected(
+                    f"{label}: the output buffer changed after the kernel process replied (it replied before "
+                    "its work was done; the time would have missed it)"
+                )
 
     def call(self, where, shape, seed, kind, timed=False, overhead_ms=0.0):
         """One call on fresh inputs (a fresh seed when `seed` is None); returns its record, or raises."""
@@ -353,10 +365,22 @@ class Timer:
         self.pending = (hand, label)
         ms = host_ms - overhead_ms if timed else None
         if timed and ms <= 0:
-            raise Rejected(f"{label}: the kernel process answered in {host_ms:.4f} ms, no slower than an empty call "
-                           f"({overhead_ms:.4f} ms): it replied without running the kernel")
-        record = {"kind": kind, "set": set_name, "shape": shape_index, "seed": seed, "pos_seed": pos_seed, "full": full,
-                  "values": values, "x_values": x_values, "ms": ms, "host_ms": host_ms}
+            raise Rejected(
+                f"{label}: the kernel process answered in {host_ms:.4f} ms, no slower than an empty call "
+                f"({overhead_ms:.4f} ms): it replied without running the kernel"
+            )
+        record = {
+            "kind": kind,
+            "set": set_name,
+            "shape": shape_index,
+            "seed": seed,
+            "pos_seed": pos_seed,
+            "full": full,
+            "values": values,
+            "x_values": x_values,
+            "ms": ms,
+            "host_ms": host_ms,
+        }
         self.calls.append(record)
         return record
 
@@ -406,14 +430,25 @@ class Timer:
             if n >= t["min_calls"]:
                 mean = sum(times) / n
                 std = (sum((v - mean) ** 2 for v in times) / (n - 1)) ** 0.5
-                if std / n ** 0.5 < t["rel_err"] * abs(mean) or sum(times) > 1e3 * t["kernel_budget_s"] or time.monotonic() - started > t["wall_budget_s"]:
+                if (
+                    std / n**0.5 < t["rel_err"] * abs(mean)
+                    or sum(times) > 1e3 * t["kernel_budget_s"]
+                    or time.monotonic() - started > t["wall_budget_s"]
+                ):
                     break
         self.check_late_writes()
         n = len(times)
         mean = sum(times) / n
         std = (sum((v - mean) ** 2 for v in times) / (n - 1)) ** 0.5 if n > 1 else 0.0
-        return {"shape": index, "calls": n, "mean_ms": mean, "std_ms": std, "best_ms": min(times),
-                "worst_ms": max(times), "empty_round_trip_ms": overhead}
+        return {
+            "shape": index,
+            "calls": n,
+            "mean_ms": mean,
+            "std_ms": std,
+            "best_ms": min(times),
+            "worst_ms": max(times),
+            "empty_round_trip_ms": overhead,
+        }
 
 
 def _error(prefix, err):
@@ -425,15 +460,17 @@ def _error(prefix, err):
 
 def main(job):
     workdir = os.getcwd()
-    os.environ.update({
-        "TRITON_CACHE_DIR": os.path.join(workdir, "triton-cache"),  # fresh per candidate: nothing reused
-        "TRITON_HOME": workdir,
-        "TORCHINDUCTOR_CACHE_DIR": os.path.join(workdir, "inductor-cache"),
-        "TORCHINDUCTOR_FX_GRAPH_CACHE": "0",
-        "TORCHINDUCTOR_AUTOGRAD_CACHE": "0",
-        "TORCHINDUCTOR_COMPILE_THREADS": "1",
-        "CUDA_CACHE_DISABLE": "1",
-    })
+    os.environ.update(
+        {
+            "TRITON_CACHE_DIR": os.path.join(workdir, "triton-cache"),  # fresh per candidate: nothing reused
+            "TRITON_HOME": workdir,
+            "TORCHINDUCTOR_CACHE_DIR": os.path.join(workdir, "inductor-cache"),
+            "TORCHINDUCTOR_FX_GRAPH_CACHE": "0",
+            "TORCHINDUCTOR_AUTOGRAD_CACHE": "0",
+            "TORCHINDUCTOR_COMPILE_THREADS": "1",
+            "CUDA_CACHE_DISABLE": "1",
+        }
+    )
     if job["device"] == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"  # Triton's interpreter runs the kernels on CPU tensors
     from importlib.metadata import version
@@ -441,20 +478,27 @@ def main(job):
     import numpy
     import torch
 
-    report = {"versions": {"torch": torch.__version__, "triton": version("triton"), "python": sys.version.split()[0]},
-              "triton_cache_dir": os.environ["TRITON_CACHE_DIR"], "calls": [], "benchmarks": []}
+    report = {
+        "versions": {"torch": torch.__version__, "triton": version("triton"), "python": sys.version.split()[0]},
+        "triton_cache_dir": os.environ["TRITON_CACHE_DIR"],
+        "calls": [],
+        "benchmarks": [],
+    }
     if job["device"] == "cuda":
         if not torch.cuda.is_available():
             return {**report, "error": "no CUDA device is visible inside the sandbox (is the GPU device request working?)"}
         import torch.multiprocessing.reductions  # noqa: F401  (imported before the timer closes itself off)
 
         props = torch.cuda.get_device_properties(0)
-        report["gpu"] = {"name": props.name, "memory_bytes": int(props.total_memory),
-                         "sm_count": int(props.multi_processor_count), "capability": f"{props.major}.{props.minor}"}
+        report["gpu"] = {
+            "name": props.name,
+            "memory_bytes": int(props.total_memory),
+            "sm_count": int(props.multi_processor_count),
+            "capability": f"{props.major}.{props.minor}",
+        }
         declared = job.get("gpu_type")
         if declared and declared.lower() not in props.name.lower():
-            return {**report, "wrong_gpu": True,
-                    "error": f"the GPU is {props.name}, but the pool declares {declared}; nothing was timed"}
+            return {**report, "wrong_gpu": True, "error": f"the GPU is {props.name}, but the pool declares {declared}; nothing was timed"}
     numpy.random.default_rng(0).integers(0, 2, 2)  # load what sampling needs before closing off
     result = run_kernel(job, report, torch, numpy, workdir)
     if not kill_descendants():

@@ -33,11 +33,18 @@ class Captured:
     def __init__(self, torch):
         self.torch = torch
         watched = {
-            "time.perf_counter": (time, "perf_counter"), "time.perf_counter_ns": (time, "perf_counter_ns"),
-            "time.time": (time, "time"), "os.urandom": (os, "urandom"), "threading.enumerate": (threading, "enumerate"),
-            "torch.Tensor": (torch, "Tensor"), "torch.empty": (torch, "empty"), "torch.equal": (torch, "equal"),
-            "torch.frombuffer": (torch, "frombuffer"), "torch.cuda.synchronize": (torch.cuda, "synchronize"),
-            "torch.cuda.Event": (torch.cuda, "Event"), "torch.cuda.current_stream": (torch.cuda, "current_stream"),
+            "time.perf_counter": (time, "perf_counter"),
+            "time.perf_counter_ns": (time, "perf_counter_ns"),
+            "time.time": (time, "time"),
+            "os.urandom": (os, "urandom"),
+            "threading.enumerate": (threading, "enumerate"),
+            "torch.Tensor": (torch, "Tensor"),
+            "torch.empty": (torch, "empty"),
+            "torch.equal": (torch, "equal"),
+            "torch.frombuffer": (torch, "frombuffer"),
+            "torch.cuda.synchronize": (torch.cuda, "synchronize"),
+            "torch.cuda.Event": (torch.cuda, "Event"),
+            "torch.cuda.current_stream": (torch.cuda, "current_stream"),
         }
         for method in ("copy_", "view", "reshape", "contiguous", "to"):
             watched[f"torch.Tensor.{method}"] = (torch.Tensor, method)
@@ -126,8 +133,9 @@ class KernelProcess:
             count = 1
             for d in entry["shape"]:
                 count *= d
-            views[entry["name"]] = torch.frombuffer(maps[entry["buffer"]], dtype=dtype, count=count,
-                                                    offset=entry["offset"]).view(entry["shape"])
+            views[entry["name"]] = torch.frombuffer(maps[entry["buffer"]], dtype=dtype, count=count, offset=entry["offset"]).view(
+                entry["shape"]
+            )
         return views
 
     def tensors_cuda(self, handles):
@@ -140,7 +148,7 @@ class KernelProcess:
         torch = self.torch
         views = self.tensors_cpu(message["layout"], fds) if self.device == "cpu" else self.tensors_cuda(message["handles"])
         out = views.pop("out")
-        weights = {k[len("w:"):]: v for k, v in views.items() if k.startswith("w:")}
+        weights = {k[len("w:") :]: v for k, v in views.items() if k.startswith("w:")}
         data = (views["x"], views["mask"], weights, dict(message["config"]))
         if message.get("empty"):
             self.sync()

@@ -61,7 +61,11 @@ SAMPLING = {
     "x_sample_elements": 1 << 10,  # positions of x compared bit for bit (in-place writes)
 }
 TIMING = {  # per benchmark shape, as the competition's harness: until the standard error is 0.1% of the mean
-    "max_calls": 100, "min_calls": 3, "rel_err": 0.001, "kernel_budget_s": 10.0, "wall_budget_s": 30.0,
+    "max_calls": 100,
+    "min_calls": 3,
+    "rel_err": 0.001,
+    "kernel_budget_s": 10.0,
+    "wall_budget_s": 30.0,
 }
 # The CPU check's timing (`cpu_timing=True`): the two-process clock on CPU, on the first CPU test
 # shape, so that tests can compare what kernels get from it; never a reward.
@@ -99,7 +103,11 @@ class TriMulProblem(BaseProblem):
         self.leases = leases or GPU_LEASES
         self.cpu_timing = cpu_timing
         self.limits = SandboxLimits(
-            timeout_s=timeout_s, memory_mb=memory_mb, cpus=cpus, max_output_bytes=MAX_OUTPUT_BYTES, max_processes=256,
+            timeout_s=timeout_s,
+            memory_mb=memory_mb,
+            cpus=cpus,
+            max_output_bytes=MAX_OUTPUT_BYTES,
+            max_processes=256,
             limit_address_space=False,
         )
 
@@ -113,9 +121,15 @@ class TriMulProblem(BaseProblem):
             for s in SHAPES["benchmarks"]
         )
         return TEMPLATE.format(
-            tests=len(SHAPES["tests"]), benchmarks=len(SHAPES["benchmarks"]), benchmark_list=bench,
-            scale=verdict.REWARD_SCALE_US, human=verdict.reward_for(SHAPES["leaderboard_us"]["H100"]["1st_human"]),
-            target=self.target, gpu=gpu, torch=_installed("torch"), triton=_installed("triton"),
+            tests=len(SHAPES["tests"]),
+            benchmarks=len(SHAPES["benchmarks"]),
+            benchmark_list=bench,
+            scale=verdict.REWARD_SCALE_US,
+            human=verdict.reward_for(SHAPES["leaderboard_us"]["H100"]["1st_human"]),
+            target=self.target,
+            gpu=gpu,
+            torch=_installed("torch"),
+            triton=_installed("triton"),
             timeout=self.limits.timeout_s,
         )
 
@@ -187,8 +201,16 @@ class TriMulProblem(BaseProblem):
     def _cpu_check(self, source: str, sandbox: Any) -> EvalResult:
         tests = [s for s in SHAPES["tests"] if s["seqlen"] == CPU_SEQLEN]
         seeds = [[s["seed"], None] if i == 0 else [s["seed"]] for i, s in enumerate(tests)]
-        job = {"device": "cpu", "source": source, "kernel_program": self.kernel_program, "tests": tests,
-               "test_seeds": seeds, "benchmarks": tests[:1] if self.cpu_timing else [], "timing": CPU_TIMING, **SAMPLING}
+        job = {
+            "device": "cpu",
+            "source": source,
+            "kernel_program": self.kernel_program,
+            "tests": tests,
+            "test_seeds": seeds,
+            "benchmarks": tests[:1] if self.cpu_timing else [],
+            "timing": CPU_TIMING,
+            **SAMPLING,
+        }
         limits = dataclasses.replace(self.limits, limit_address_space=True)  # no CUDA: RLIMIT_AS holds
         report, _, rejected = self._phase(job, sandbox, "cpu", limits)
         if rejected:
@@ -199,8 +221,11 @@ class TriMulProblem(BaseProblem):
             timed = [c["ms"] for c in report["calls"] if c["kind"] == "timed"]
             metrics.update({"cpu_mean_us": 1e3 * sum(timed) / len(timed), "cpu_best_us": 1e3 * min(timed)})
         return EvalResult(
-            reward=0.0, valid=False, reason=f"correct on the CPU check ({calls} calls under Triton's interpreter), but {NO_GPU}",
-            metrics=metrics, observation=report["logs"],
+            reward=0.0,
+            valid=False,
+            reason=f"correct on the CPU check ({calls} calls under Triton's interpreter), but {NO_GPU}",
+            metrics=metrics,
+            observation=report["logs"],
         )
 
     def _phase(
@@ -228,9 +253,16 @@ class TriMulProblem(BaseProblem):
             if declared and declared.lower() not in gpu.name.lower():
                 return EvalResult.invalid(
                     f"the GPU here is {gpu.name}, but {declared} is declared ({GPU_TYPE_ENV} or gpu_type); nothing was "
-                    f"timed: run on a {declared} or correct the pool's declaration")
-            base = {"device": "cuda", "source": source, "kernel_program": self.kernel_program, "gpu_type": declared,
-                    "timing": TIMING, **SAMPLING}
+                    f"timed: run on a {declared} or correct the pool's declaration"
+                )
+            base = {
+                "device": "cuda",
+                "source": source,
+                "kernel_program": self.kernel_program,
+                "gpu_type": declared,
+                "timing": TIMING,
+                **SAMPLING,
+            }
             tests = {**base, "tests": SHAPES["tests"], "test_seeds": [[s["seed"]] for s in SHAPES["tests"]], "benchmarks": []}
             _, _, rejected = self._phase(tests, sandbox, gpu.index)
             if rejected:

@@ -130,8 +130,11 @@ class _Rules(ast.NodeVisitor):
         elif name.startswith("__") and name not in BUILTINS:
             self.fail(node, f"uses `{name}`: names starting with '__' reach the interpreter's internals")
         elif isinstance(node.ctx, ast.Load) and self.module_of(name) and id(node) not in self.chain_heads:
-            self.fail(node, f"uses the module `{name}` ({self.module_of(name)}) as a value; a module may only be "
-                      "named as the start of an attribute chain such as `torch.einsum`")
+            self.fail(
+                node,
+                f"uses the module `{name}` ({self.module_of(name)}) as a value; a module may only be "
+                "named as the start of an attribute chain such as `torch.einsum`",
+            )
         elif isinstance(node.ctx, ast.Load) and name not in self.own and name not in self.aliases and name not in BUILTINS:
             self.fail(node, f"uses `{name}`, which the kernel never defines and is not one of the builtins a kernel may use")
 
@@ -171,8 +174,11 @@ class _Rules(ast.NodeVisitor):
                 continue
             if link.attr not in allowed:
                 module = path
-                self.fail(link, f"uses `{module}.{link.attr}`: `.{link.attr}` is not among the {module} names a kernel may "
-                          "use (tensor programming only: no files, processes, threads, streams, timers or internals)")
+                self.fail(
+                    link,
+                    f"uses `{module}.{link.attr}`: `.{link.attr}` is not among the {module} names a kernel may "
+                    "use (tensor programming only: no files, processes, threads, streams, timers or internals)",
+                )
                 return
             path = f"{path}.{link.attr}"
         if path in MODULE_NAMES:  # the outermost link of a chain is a value: a namespace may not be one
@@ -181,8 +187,13 @@ class _Rules(ast.NodeVisitor):
     def visit_Call(self, node: ast.Call) -> None:
         if isinstance(node.func, ast.Name) and node.func.id == "type" and len(node.args) == 3:
             self.fail(node, "creating classes with type(name, bases, dict) is not allowed")
-        if (isinstance(node.func, ast.Attribute) and node.func.attr == "__init__" and isinstance(node.func.value, ast.Call)
-                and isinstance(node.func.value.func, ast.Name) and node.func.value.func.id == "super"):
+        if (
+            isinstance(node.func, ast.Attribute)
+            and node.func.attr == "__init__"
+            and isinstance(node.func.value, ast.Call)
+            and isinstance(node.func.value.func, ast.Name)
+            and node.func.value.func.id == "super"
+        ):
             self.visit(node.func.value)  # super().__init__(...): the one dunder call a module class needs
             for arg in [*node.args, *node.keywords]:
                 self.visit(arg)
@@ -207,8 +218,11 @@ class _Rules(ast.NodeVisitor):
                 return
             if verb == "assigns to" and full.rpartition(".")[0] in ASSIGNABLE_MODULES:
                 return
-            self.fail(target, f"{verb} `{full or dotted(target) or 'an attribute'}`: changing attributes of modules or "
-                      f"library objects is not allowed (only the flags of {', '.join(sorted(ASSIGNABLE_MODULES))})")
+            self.fail(
+                target,
+                f"{verb} `{full or dotted(target) or 'an attribute'}`: changing attributes of modules or "
+                f"library objects is not allowed (only the flags of {', '.join(sorted(ASSIGNABLE_MODULES))})",
+            )
         elif isinstance(target, ast.Subscript):
             base = self.resolve(target.value)
             if base and self.module_of(base.split(".")[0]):
@@ -246,8 +260,11 @@ class _Rules(ast.NodeVisitor):
 
     def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
         if node.name.startswith("__") and node.name.endswith("__") and node.name not in DUNDER_DEFINITIONS:
-            self.fail(node, f"defines `{node.name}`: special methods other than {', '.join(sorted(DUNDER_DEFINITIONS))} "
-                      "(e.g. __torch_function__, __torch_dispatch__) are not allowed")
+            self.fail(
+                node,
+                f"defines `{node.name}`: special methods other than {', '.join(sorted(DUNDER_DEFINITIONS))} "
+                "(e.g. __torch_function__, __torch_dispatch__) are not allowed",
+            )
         if node.name in DANGEROUS_BUILTINS:
             self.fail(node, f"defines a function named `{node.name}`, a name kept for a builtin that is not allowed")
         for d in node.decorator_list:

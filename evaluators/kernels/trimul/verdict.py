@@ -73,8 +73,10 @@ def below_floor(job: dict, means_us: list[float], gpu_name: str) -> str:
     for i, (shape, mean) in enumerate(zip(job["benchmarks"], means_us)):
         floor = roofline.floor_us(shape, peak)
         if mean < floor:
-            return (f"benchmark shape {i} ({describe(shape)}) ran in {mean:.2f} µs, under the floor of {floor:.2f} µs "
-                    f"that {peak.model} allows ({peak.bandwidth_gb_s:g} GB/s, {peak.tensor_tflops:g} TFLOP/s): faster than the hardware")
+            return (
+                f"benchmark shape {i} ({describe(shape)}) ran in {mean:.2f} µs, under the floor of {floor:.2f} µs "
+                f"that {peak.model} allows ({peak.bandwidth_gb_s:g} GB/s, {peak.tensor_tflops:g} TFLOP/s): faster than the hardware"
+            )
     return ""
 
 
@@ -107,11 +109,20 @@ def timed_verdict(job: dict, report: dict, checked: dict, logs: str) -> EvalResu
     lines = [f"{gpu}, torch {report['versions']['torch']}, triton {report['versions']['triton']}: geometric mean {geomean:.1f} µs"]
     lines += [f"  {describe(s)}: {m:.1f} ± {sd:.1f} µs" for s, m, sd in zip(job["benchmarks"], means, spreads)]
     construction: dict[str, Any] = {
-        "gpu": gpu, "torch": report["versions"]["torch"], "triton": report["versions"]["triton"],
-        "geomean_us": geomean, "runtimes_us": means, "std_us": spreads,
+        "gpu": gpu,
+        "torch": report["versions"]["torch"],
+        "triton": report["versions"]["triton"],
+        "geomean_us": geomean,
+        "runtimes_us": means,
+        "std_us": spreads,
         "timed_calls": [b.get("calls") for b in report.get("benchmarks", [])],
     }
     metrics = {"geomean_us": geomean, **{f"us {label(s)}": m for s, m in zip(job["benchmarks"], means)}}
     summary = "\n".join(lines)
-    return EvalResult(reward=reward_for(geomean), valid=True, construction=construction, metrics=metrics,
-                      observation=(logs + "\n" if logs else "") + summary)
+    return EvalResult(
+        reward=reward_for(geomean),
+        valid=True,
+        construction=construction,
+        metrics=metrics,
+        observation=(logs + "\n" if logs else "") + summary,
+    )
