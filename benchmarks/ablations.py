@@ -116,7 +116,8 @@ def table(results: dict, arms: list[str], seeds: list[int]) -> list[str]:
         best = np.array([results[arm][str(s)]["best"] for s in seeds])
         per_seed = " ".join(f"{b:.3f}" for b in best)
         lines.append(
-            f"| {arm} | {best.mean():.3f} ± {best.std(ddof=1) if len(best) > 1 else 0.0:.3f} | {best.min():.3f} | {best.max():.3f} | {per_seed} |"
+            f"| {arm} | {best.mean():.3f} ± {best.std(ddof=1) if len(best) > 1 else 0.0:.3f} "
+            f"| {best.min():.3f} | {best.max():.3f} | {per_seed} |"
         )
     return lines
 

@@ -113,7 +113,8 @@ def main() -> None:
                 box.close()
 
     print(
-        f"Trivial valid program, cases {args.cases}, {problem.limits.cpus} cases at once, this machine's {len(__import__('os').sched_getaffinity(0))} cores"
+        f"Trivial valid program, cases {args.cases}, {problem.limits.cpus} cases at "
+        f"once, this machine's {len(__import__('os').sched_getaffinity(0))} cores"
     )
     print("| contest | backend | reward | passed | wall s | compile s | cases s | per case ms | program CPU ms | overhead ms/case |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")

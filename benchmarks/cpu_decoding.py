@@ -65,7 +65,8 @@ def main() -> int:
     batched_s = time.perf_counter() - t0
 
     print(
-        f"{args.model}, prompt {prompt_tokens} tokens, {args.k} completions of up to {args.new_tokens} tokens, {torch.get_num_threads()} torch threads\n"
+        f"{args.model}, prompt {prompt_tokens} tokens, {args.k} completions of up "
+        f"to {args.new_tokens} tokens, {torch.get_num_threads()} torch threads\n"
     )
     print("| decoding | tokens | seconds | tokens/s |")
     print("|---|---:|---:|---:|")

@@ -30,7 +30,6 @@ from evaluators.bio.denoising.problem import DenoisingProblem, program  # noqa: 
 from evaluators.bio.denoising.report import PUBLISHED  # noqa: E402
 from evaluators.sandbox import sandbox_for  # noqa: E402
 
-
 # The MAGIC seed's output sharpened: a lower published MSE, a lower count-scale likelihood (the
 # likelihood rule rejects it, docs/method.md §5d).
 MAGIC_SHARPENED = (
@@ -90,7 +89,9 @@ def main() -> int:
             reward = "–" if name.startswith("perfect") else f"{verdict.reward:.4f}"  # 1 / 0: the reference, not a method
             print(
                 f"{seed:4d}  {name:32} {m['mse']:8.4f} {m['poisson']:8.4f} {m['mse_normalized']:9.4f} "
-                f"{m['poisson_normalized']:9.4f} {m['score']:7.4f} {m['count_poisson_normalized']:8.4f} {m['count_poisson_normalized'] / prepared.baselines.count_poisson_magic:7.3f} {m.get('dropout_auc', float('nan')):6.3f} {reward:>8} "
+                f"{m['poisson_normalized']:9.4f} {m['score']:7.4f} {m['count_poisson_normalized']:8.4f} "
+                f"{m['count_poisson_normalized'] / prepared.baselines.count_poisson_magic:7.3f} "
+                f"{m.get('dropout_auc', float('nan')):6.3f} {reward:>8} "
                 f"{seconds:6.1f}  {status}"
             )
         seed_verdict = rows[1][1]

@@ -101,7 +101,8 @@ PARTS: tuple[Part, ...] = (
             "{json}",
         ),
         570,
-        what="one training step on the benchmark shape (8B unless --shape), float32 LoRA: tokens/s, MFU, peak memory; trainer offload/reload times",
+        what="one training step on the benchmark shape (8B unless --shape), float32 "
+        "LoRA: tokens/s, MFU, peak memory; trainer offload/reload times",
     ),
     Part(
         "train-bf16",
@@ -332,7 +333,7 @@ def shown(part: Part, shape: str) -> str:
 
 
 def _now() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
 
 
 def _fill(arg: str, python: str, json_path: str, junit_path: str, shape: str) -> str:
@@ -432,7 +433,8 @@ def markdown(doc: dict[str, Any]) -> str:
             "",
             f"`{r['command']}`",
             "",
-            f"Started {r.get('started_utc')}, {r['seconds']} s, exit status {r['returncode']}, GPU {r.get('gpu')}, driver {r.get('driver')}.",
+            f"Started {r.get('started_utc')}, {r['seconds']} s, exit status "
+            f"{r['returncode']}, GPU {r.get('gpu')}, driver {r.get('driver')}.",
         ]
         junit = r.get("figures", {}).get("junit")
         if junit:
@@ -451,7 +453,7 @@ def markdown(doc: dict[str, Any]) -> str:
 def write_results(out_dir: Path, doc: dict[str, Any], date: str | None = None) -> tuple[Path, Path]:
     """`gpu-<date>-<gpu>.json` and `.md` in `out_dir`, written whole (temp file, then rename)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    date = date or dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d")
+    date = date or dt.datetime.now(dt.UTC).strftime("%Y-%m-%d")
     stem = results_stem(doc.get("environment", {}).get("gpu") or "unknown", date)
     paths = out_dir / f"{stem}.json", out_dir / f"{stem}.md"
     for path, text in zip(paths, (json.dumps(doc, indent=2, default=str) + "\n", markdown(doc))):
@@ -511,7 +513,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         for p in PARTS:
             print(
-                f"{p.name:13s} {p.timeout_s:4d} s  {' '.join(_fill(a, 'python', 'FIGURES.json', 'JUNIT.xml', args.shape) for a in p.argv)}\n{'':20s}{p.what}"
+                f"{p.name:13s} {p.timeout_s:4d} s  "
+                f"{' '.join(_fill(a, 'python', 'FIGURES.json', 'JUNIT.xml', args.shape) for a in p.argv)}\n{'':20s}{p.what}"
             )
         return 0
     if args.merge_only:

@@ -63,10 +63,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"one-GPU benchmark: {NEEDS_GPU}")
         return 0
     import torch
+    from generation import _prompts
 
     from discover.policy import load_policy, offload, placement, vllm_engine
     from discover.policy.base import TrainBatch
-    from generation import _prompts
 
     path = random_model(args.shape, args.model)
     cfg = ModelConfig(

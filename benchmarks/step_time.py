@@ -54,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
         label = f"{gpu_name()}, {args.problem}, model {model['name']}, vLLM + resident trainer"
     else:
         print(
-            f"step-time benchmark: {NEEDS_GPU}.\nRunning the CPU variant (toy problem, tiny GPT-2, transformers backend) to check the script."
+            f"step-time benchmark: {NEEDS_GPU}.\nRunning the CPU variant (toy "
+            "problem, tiny GPT-2, transformers backend) to check the script."
         )
         data = {
             "problem": "toy",

@@ -96,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     cpu = not has_cuda()
     if cpu:
         print(
-            f"training benchmark: {NEEDS_GPU}.\nRunning the tiny CPU variant to check the script; its figures say nothing about the 8B target."
+            f"training benchmark: {NEEDS_GPU}.\nRunning the tiny CPU variant to "
+            "check the script; its figures say nothing about the 8B target."
         )
         args.shape, args.rollouts, args.prompt_tokens, args.min_completion, args.max_completion = "tiny", 4, 64, 32, 192
         args.micro_batch_tokens, args.rank = 512, 8

@@ -4,13 +4,10 @@ cli/operations.py. An entry point over discover/ and flows/, not part of the lea
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 import os
 import sys
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -35,7 +32,7 @@ def _setup_logging(verbose: bool) -> None:
 @app.command()
 def run(
     config: Path = typer.Argument(..., help="YAML run configuration"),
-    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="override the configuration's run_dir"),
+    run_dir: Path | None = typer.Option(None, "--run-dir", help="override the configuration's run_dir"),
     verbose: bool = typer.Option(False, "-v", "--verbose", help="show Prefect's own log lines"),
 ) -> None:
     """Start a discovery run (resumes it if RUN_DIR already holds the same configuration)."""
@@ -106,7 +103,7 @@ def status(run_dir: Path = typer.Argument(..., help="a run directory")) -> None:
 @app.command()
 def report(
     run_dir: Path = typer.Argument(..., help="a run directory"),
-    out: Optional[Path] = typer.Option(None, "--out", help="folder for report.md and its pictures (default RUN_DIR/report)"),
+    out: Path | None = typer.Option(None, "--out", help="folder for report.md and its pictures (default RUN_DIR/report)"),
 ) -> None:
     """Write the run's report: Markdown with the reward distribution by step, the step table, the best states."""
     from discover.report import write_report

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -30,9 +29,9 @@ def evaluate(
     file: Path = typer.Argument(..., help="a candidate program (or, for data problems, the answer text)"),
     as_json: bool = typer.Option(False, "--json", help="print reward and reason as JSON"),
     sandbox: str = typer.Option("auto", "--sandbox", help=f"the sandbox backend: {', '.join(BACKENDS)}"),
-    timeout: Optional[float] = typer.Option(None, "--timeout", min=0.001, help="seconds; overrides the problem's time limit"),
-    memory_mb: Optional[int] = typer.Option(None, "--memory-mb", min=16, help="MB; overrides the problem's memory limit"),
-    cases: Optional[str] = typer.Option(
+    timeout: float | None = typer.Option(None, "--timeout", min=0.001, help="seconds; overrides the problem's time limit"),
+    memory_mb: int | None = typer.Option(None, "--memory-mb", min=16, help="MB; overrides the problem's memory limit"),
+    cases: str | None = typer.Option(
         None, "--cases", help="AtCoder problems: the public cases to run, e.g. 0-9 or 0,5,7-9 (default all 150)"
     ),
     keep_going: bool = typer.Option(False, "--keep-going", help="AtCoder problems: run every case even after one fails"),
@@ -134,7 +133,7 @@ def verify(
     problem: str = typer.Argument(..., help="problem id"),
     file: Path = typer.Argument(..., help=_CONSTRUCTION_HELP),
     as_json: bool = typer.Option(False, "--json", help="print a machine-readable result"),
-    tolerance: Optional[float] = typer.Option(None, "--tolerance", help="circle packing: slack on each constraint (default 0)"),
+    tolerance: float | None = typer.Option(None, "--tolerance", help="circle packing: slack on each constraint (default 0)"),
 ) -> None:
     """Certify a construction given as data (no code runs)."""
     p = _load_problem(problem, **({} if tolerance is None else {"tolerance": tolerance}))
@@ -145,7 +144,7 @@ def plot(
     problem: str = typer.Argument(..., help="problem id (erdos, ac1, ac2, circles-26, circles-32)"),
     file: Path = typer.Argument(..., help=_CONSTRUCTION_HELP),
     out: Path = typer.Option(..., "-o", "--out", help="the PNG file to write"),
-    tolerance: Optional[float] = typer.Option(None, "--tolerance", help="circle packing: slack on each constraint (default 0)"),
+    tolerance: float | None = typer.Option(None, "--tolerance", help="circle packing: slack on each constraint (default 0)"),
 ) -> None:
     """Draw a construction: the step function with its autocorrelation/autoconvolution, or the circles."""
     p = _load_problem(problem, **({} if tolerance is None else {"tolerance": tolerance}))

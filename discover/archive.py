@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from typing import Callable, Iterable, Protocol
+from collections.abc import Callable, Iterable
+from typing import Protocol
 
 from discover.records import Evaluation, State
 
@@ -50,7 +51,7 @@ class Archive:
         self.total_expansions: int = int(total_expansions)  # T
 
     @classmethod
-    def from_seeds(cls, seeds: list[State]) -> "Archive":
+    def from_seeds(cls, seeds: list[State]) -> Archive:
         """An archive of the seed states only (marked is_seed, lineage ()), T = 0."""
         return cls([dataclasses.replace(s, is_seed=True, lineage=()) for s in seeds])
 
@@ -207,7 +208,7 @@ class Archive:
         return out
 
     @classmethod
-    def from_records(cls, records: list[dict], total_expansions: int) -> "Archive":
+    def from_records(cls, records: list[dict], total_expansions: int) -> Archive:
         """Inverse of `to_records`."""
         states = []
         for rec in records:

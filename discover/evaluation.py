@@ -23,12 +23,13 @@ import json
 import logging
 import queue
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from discover.code_version import module_closure, source_digest
 from discover.records import Evaluation, Rollout, child_id
@@ -53,7 +54,7 @@ class Resources:
     gpus: int
 
     @classmethod
-    def of(cls, problem: Problem) -> "Resources":
+    def of(cls, problem: Problem) -> Resources:
         return cls(cpus=int(problem.limits.cpus), memory_mb=int(problem.limits.memory_mb), gpus=1 if problem.needs_gpu else 0)
 
 

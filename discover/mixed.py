@@ -13,8 +13,8 @@ like any other. Slots that have no past completion to draw on (step 0) are sampl
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 from discover.archive import Archive
 from discover.config import SamplingConfig

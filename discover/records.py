@@ -58,7 +58,7 @@ class Rollout(Completion):
     parent_id: str
 
     @classmethod
-    def of(cls, completion: Completion, group: int, index: int, parent_id: str) -> "Rollout":
+    def of(cls, completion: Completion, group: int, index: int, parent_id: str) -> Rollout:
         return cls(**dataclasses.asdict(completion), group=group, index=index, parent_id=parent_id)
 
     def completion(self) -> Completion:
@@ -82,7 +82,7 @@ class Evaluation(EvalResult):
     code: str  # the parsed candidate ("" when none was found)
 
     @classmethod
-    def of(cls, rollout: Rollout, step: int, result: EvalResult, code: str) -> "Evaluation":
+    def of(cls, rollout: Rollout, step: int, result: EvalResult, code: str) -> Evaluation:
         return cls(
             **result.verdict_fields(),
             group=rollout.group,
@@ -114,7 +114,7 @@ class State:
     parent_reward: float | None = None  # R(parent) when s was inserted, shown as "before -> after"; None for seeds
 
     @classmethod
-    def seed(cls, index: int, code: str, result: EvalResult, key: str) -> "State":
+    def seed(cls, index: int, code: str, result: EvalResult, key: str) -> State:
         """Seed `index` of the run (docs/method.md §1): an invalid seed enters with reward 0."""
         return cls(
             id=f"seed-{index}",
@@ -129,7 +129,7 @@ class State:
         )
 
     @classmethod
-    def child(cls, evaluation: Evaluation, step: int, lineage: tuple[str, ...], key: str, parent_reward: float | None) -> "State":
+    def child(cls, evaluation: Evaluation, step: int, lineage: tuple[str, ...], key: str, parent_reward: float | None) -> State:
         """The state a valid evaluation becomes when the archive takes it (docs/method.md §1.4)."""
         return cls(
             id=evaluation.child_id,

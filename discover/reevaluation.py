@@ -20,8 +20,9 @@ import os
 import re
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, ContextManager
+from typing import Any
 
 from discover.evaluation import judge_candidate
 from discover.records import Reevaluation, State
@@ -76,7 +77,7 @@ def reevaluate_states(
     run_dir: Path,
     k: int,
     pool: str,
-    slot: Callable[[], ContextManager[Any]] = contextlib.nullcontext,
+    slot: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
 ) -> list[Reevaluation]:
     """Re-score the k best states; `slot()` is held around each evaluation (a GPU slot, say)."""
     run = Run.open(run_dir)
@@ -153,7 +154,7 @@ def table_rows(rows: list[Reevaluation]) -> list[dict[str, Any]]:
 
 
 def reevaluate_run(
-    run_dir: Path, k: int, pool: str, slot: Callable[[], ContextManager[Any]] = contextlib.nullcontext
+    run_dir: Path, k: int, pool: str, slot: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext
 ) -> tuple[list[Reevaluation], Path]:
     """Re-score the k best states and write the table, named by GPU type for a problem that needs one."""
     rows = reevaluate_states(run_dir, k, pool, slot)

@@ -2,8 +2,9 @@
 (discover/metrics.py), the best states, and what the run's problem adds (its `report_sections`).
 
 Plain Python and matplotlib (Agg), no Prefect: `discover report RUN_DIR` and the run flow's end
-both call `write_report`; the flow's per-step artifacts (flows/artifacts.py) reuse `reward_figure`. The figure follows the method paper's Figure 1: one distribution of rollout
-rewards per training step, with the best reward found so far drawn over it.
+both call `write_report`; the flow's per-step artifacts (flows/artifacts.py) reuse `reward_figure`.
+The figure follows the method paper's Figure 1: one distribution of rollout rewards per training
+step, with the best reward found so far drawn over it.
 """
 
 from __future__ import annotations

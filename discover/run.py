@@ -45,7 +45,7 @@ class Run:
     # -- opening and creating ---------------------------------------------------------------
 
     @classmethod
-    def open(cls, run_dir: Path | str) -> "Run":
+    def open(cls, run_dir: Path | str) -> Run:
         """The run in `run_dir`; RunDirError when it is not a (complete) run directory."""
         layout = RunLayout(Path(run_dir))
         if not layout.config.is_file() or not layout.run_info.is_file():
@@ -53,7 +53,7 @@ class Run:
         return cls(layout, load_config(layout.config), json.loads(layout.run_info.read_text())["run_id"])
 
     @classmethod
-    def create(cls, config: RunConfig) -> "Run":
+    def create(cls, config: RunConfig) -> Run:
         """Create the run directory for `config`, or open it when it already holds the same run.
 
         run.json is written first and config.yaml last: a directory with config.yaml is a run.

@@ -8,8 +8,8 @@ from typing import Any
 
 from discover.config import RunConfig, load_config
 from discover.metrics import run_metrics
-from storage.layout import RunLayout
 from discover.run import TASKS
+from storage.layout import RunLayout
 
 
 def step_rows(run_dir: Path) -> list[dict[str, Any]]:

@@ -14,12 +14,14 @@ import json
 import logging
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
-from discover.archive import Archive, update_archive as apply_archive_update
+from discover.archive import Archive
+from discover.archive import update_archive as apply_archive_update
 from discover.config import RunConfig
 from discover.evaluation import StepEvaluation, judge_candidate, thread_pool
 from discover.mixed import best_past_rollouts, mixed_stream

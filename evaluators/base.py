@@ -14,8 +14,9 @@ import copy
 import dataclasses
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -41,14 +42,14 @@ class EvalResult:
         object.__setattr__(self, "reward", float(self.reward) if self.valid else 0.0)
 
     @staticmethod
-    def invalid(reason: str, observation: str = "") -> "EvalResult":
+    def invalid(reason: str, observation: str = "") -> EvalResult:
         return EvalResult(reward=0.0, valid=False, reason=reason, observation=observation)
 
     def verdict_fields(self) -> dict[str, Any]:
         """The result's fields by name (of a subclass record, such as a step's Evaluation, only these)."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(EvalResult)}
 
-    def verdict(self) -> "EvalResult":
+    def verdict(self) -> EvalResult:
         """The result alone (a subclass record, such as a step's Evaluation, without its own fields)."""
         return EvalResult(**self.verdict_fields())
 
@@ -142,7 +143,7 @@ class Problem(Protocol):
         """Draw a valid construction to `path` (PNG); only when `can_plot`."""
         ...
 
-    def with_limits(self, **overrides: Any) -> "Problem":
+    def with_limits(self, **overrides: Any) -> Problem:
         """The same problem with some `SandboxLimits` fields replaced (None values are ignored)."""
         ...
 

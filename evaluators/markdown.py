@@ -3,7 +3,8 @@ sections share (evaluators sit below discover/, so it lives here)."""
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 
 def _cell(value: Any) -> str:

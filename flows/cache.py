@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from prefect.cache_policies import TASK_SOURCE, CachePolicy
 from prefect.utilities.hashing import hash_objects
@@ -41,7 +41,7 @@ class StepSource(CachePolicy):
 
     name: str = ""
 
-    def compute_key(self, task_ctx: Any, inputs: dict[str, Any], flow_parameters: dict[str, Any], **kwargs: Any) -> Optional[str]:
+    def compute_key(self, task_ctx: Any, inputs: dict[str, Any], flow_parameters: dict[str, Any], **kwargs: Any) -> str | None:
         return hash_objects(self.name, steps_code_digest(), raise_on_failure=True)
 
 
@@ -51,7 +51,7 @@ class RunInputs(CachePolicy):
 
     name: str = ""
 
-    def compute_key(self, task_ctx: Any, inputs: dict[str, Any], flow_parameters: dict[str, Any], **kwargs: Any) -> Optional[str]:
+    def compute_key(self, task_ctx: Any, inputs: dict[str, Any], flow_parameters: dict[str, Any], **kwargs: Any) -> str | None:
         run, step = Run.open(Path(inputs["run_dir"])), int(inputs["step"])
         return hash_objects(run.run_id, step, sorted(run.input_hashes(self.name, step).items()), raise_on_failure=True)
 

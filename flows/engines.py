@@ -20,8 +20,9 @@ gets a task runner on it (`task_runner()`), so a local cluster is not started ag
 from __future__ import annotations
 
 import logging
-from contextlib import contextmanager, nullcontext
-from typing import Any, Callable, ContextManager, Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import Any
 
 from discover.config import RunConfig
 from discover.evaluation import Resources
@@ -46,7 +47,7 @@ def ray_options(resources: Resources) -> dict[str, Any]:
     return {"num_cpus": resources.cpus, "memory": resources.memory_mb * MB, "num_gpus": resources.gpus}
 
 
-def resource_request(runner: str, resources: Resources) -> ContextManager[Any]:
+def resource_request(runner: str, resources: Resources) -> AbstractContextManager[Any]:
     """Around `task.submit(...)`: the engine's resource request for one candidate."""
     if runner == "dask":
         import dask

@@ -14,9 +14,10 @@ it submits (Prefect serialises the parent's context for the engine's workers).
 from __future__ import annotations
 
 import os
-from contextlib import contextmanager, nullcontext
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
-from typing import Any, ContextManager, Iterator
+from typing import Any
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -46,7 +47,7 @@ def retry_infrastructure_only(task: Any, task_run: Any, state: Any) -> bool:
     return False
 
 
-def _gpu_slot(job: CandidateJob) -> ContextManager[Any]:
+def _gpu_slot(job: CandidateJob) -> AbstractContextManager[Any]:
     """One slot of this worker's pool's GPU limit for a candidate that needs a GPU; else nothing."""
     limit = os.environ.get(GPU_LIMIT_ENV)
     if not limit or not job.resources.gpus:

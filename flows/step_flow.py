@@ -17,7 +17,6 @@ from flows import tasks
 from flows.evaluation import step_evaluation
 from storage.layout import RunLayout
 
-
 RESULT_STORAGE_ENV = "DISCOVER_RESULT_STORAGE"
 
 

@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import os
 import time
-from contextlib import nullcontext
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from typing import Any, Callable, ContextManager
+from typing import Any
 
 from prefect import task
 
 from discover import steps
-from discover.run import TASKS, Run, RunDirError
+from discover.run import TASKS, Run
 from flows.cache import step_cache_policy
 from flows.evaluation import GPU_LIMIT_ENV, current_evaluation, retry_infrastructure_only
 from storage.manifest import record_task
@@ -28,7 +29,7 @@ from storage.manifest import record_task
 SELECT_PARENTS, GENERATE, EVALUATE, UPDATE_ARCHIVE, TRAIN = TASKS
 
 
-def _seed_gpu_slots(run: Run) -> ContextManager[Any]:
+def _seed_gpu_slots(run: Run) -> AbstractContextManager[Any]:
     """Initialise scores program seeds in this process, `sandbox.concurrency` at once: it holds that
     many slots of the pool's GPU limit when the problem needs a GPU (a candidate of a step holds one,
     flows/evaluation.py); else nothing."""

@@ -301,7 +301,7 @@ def build(client, name: str, base_mode: str, force: bool = False) -> str:
     except docker.errors.BuildError as e:
         for chunk in e.build_log:
             sys.stdout.write(chunk.get("stream", "") or chunk.get("error", ""))
-        raise SystemExit(f"building {tag} failed: {e.msg}")
+        raise SystemExit(f"building {tag} failed: {e.msg}") from e
     for chunk in logs:
         line = chunk.get("stream", "").rstrip("\n")
         if line.strip() and not line.startswith((" ---> ", "Removing intermediate")):
@@ -326,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.if_docker:
             _log(f"no Docker engine answers ({type(e).__name__}); images not built, docker tests will skip")
             return 0
-        raise SystemExit(f"no Docker engine answers: {e}")
+        raise SystemExit(f"no Docker engine answers: {e}") from e
     start = time.monotonic()
     for name in args.names or DEFAULT_IMAGES:
         build(client, name, args.base, force=args.force)

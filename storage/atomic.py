@@ -7,9 +7,10 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 # tempfile creates private files (0600) and folders (0700); a run directory on shared storage must
 # stay readable by the workers, the report viewer and the re-evaluation of other users.

@@ -120,9 +120,8 @@ def prefect_server(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture(scope="session")
 def prefect_api(prefect_server: str):
     """Prefect's API for flows run inside the test process: the session's server."""
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
     from prefect.logging.handlers import APILogWorker
+    from prefect.settings import PREFECT_API_URL, temporary_settings
 
     with temporary_settings({PREFECT_API_URL: prefect_server}):
         yield prefect_server

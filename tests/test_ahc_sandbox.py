@@ -53,8 +53,8 @@ SNOOPS = program(
     'for (const char *p : paths) { FILE *f = fopen(p, "r"); if (f) { printf("read %s\\n", p); return 0; } }\n'
     # its cwd is not writable (docker) or its own private directory (process: 0700, its uid's)
     'FILE *w = fopen("leftover.txt", "w"); struct stat st;\n'
-    'if (w && (stat(".", &st) != 0 || (st.st_mode & 077) || st.st_uid != getuid())) { printf("wrote a file in a shared directory\\n"); return 0; }\n'
-    + RECTANGLE,
+    'if (w && (stat(".", &st) != 0 || (st.st_mode & 077) || st.st_uid != '
+    'getuid())) { printf("wrote a file in a shared directory\\n"); return 0; }\n' + RECTANGLE,
     headers="#include <sys/stat.h>\n",
 )
 FLOODS = program('for (;;) fputs("0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0\\n", stdout);')

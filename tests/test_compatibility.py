@@ -16,7 +16,7 @@ import pytest
 import yaml
 from safetensors.torch import load_file
 
-from discover.records import Evaluation, Rollout, State
+from discover.records import Evaluation, State
 from discover.run import TASKS, load_archive, read_evaluations, read_rollouts
 from storage.manifest import read_manifest
 from storage.tables import SchemaError, read_records, write_records

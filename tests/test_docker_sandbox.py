@@ -136,10 +136,11 @@ def test_containers_go_when_the_host_process_is_killed():
 
 
 def test_reap_orphans_removes_containers_of_dead_owners():
-    from evaluators.sandbox.docker import LABEL, OWNER_LABEL, image_ref, reap_orphans
     import socket
 
     import docker
+
+    from evaluators.sandbox.docker import LABEL, OWNER_LABEL, image_ref, reap_orphans
 
     client = docker.from_env()
     c = client.containers.create(

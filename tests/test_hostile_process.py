@@ -14,17 +14,15 @@ import ctypes.util
 import logging
 import os
 import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
-
-from tests.sandbox_backends import alive
 
 from evaluators.sandbox import ProcessSandbox, SandboxLimits, UnboundedProcessTree
 from evaluators.sandbox import process as process_module
 from evaluators.sandbox.native import NativeLimits
 from evaluators.sandbox.reaping import SCRATCH_DIRS, owned_ipc, remove_owned
+from tests.sandbox_backends import alive
 
 LIMITS = SandboxLimits(timeout_s=60.0, memory_mb=512, cpus=1, max_output_bytes=100_000)
 LAYOUT, NO_CGROUP = process_module.tree_bound()

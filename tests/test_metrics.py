@@ -15,11 +15,10 @@ import pytest
 
 from discover import metrics, steps
 from discover.config import parse_config
-from discover.run import load_archive, read_evaluations
+from discover.run import TASKS, load_archive, read_evaluations
 from discover.status import step_rows, step_summaries
 from evaluators.toy.digits import DigitsProblem
 from storage.layout import RunLayout
-from discover.run import TASKS
 from storage.manifest import record_task
 from tests.conftest import REPO, tiny_toy_config
 

@@ -11,9 +11,9 @@ import torch
 from discover.objectives import (
     OBJECTIVES,
     adaptive_beta,
+    batch_kl_mean,
     group_advantages,
     importance_sampling_loss,
-    batch_kl_mean,
     kl_shaped_advantages,
     kl_to_uniform,
     loo_entropic_advantages,

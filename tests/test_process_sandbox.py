@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.sandbox_backends import alive
-
 from evaluators.sandbox import ProcessSandbox, SandboxLimits, get_sandbox
+from tests.sandbox_backends import alive
 
 # Generous: the programs here are meant to succeed unless a test sets its own limit.
 LIMITS = SandboxLimits(timeout_s=120.0, memory_mb=1024, cpus=1, max_output_bytes=100_000)

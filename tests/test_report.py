@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -10,17 +9,16 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
+from discover.archive import Archive, State
 from discover.config import dump_config, parse_config
+from discover.records import Evaluation, Rollout
 from discover.reevaluation import reevaluate_states, write_reevaluation
 from discover.report import step_rows, write_report
+from discover.run import TASKS, save_archive
 from evaluators.toy.digits import DigitsProblem
 from storage.atomic import atomic_write_json, atomic_write_text
 from storage.layout import RunLayout
-from discover.run import TASKS
 from storage.manifest import record_task
-from discover.archive import Archive, State
-from discover.records import Evaluation, Rollout
-from discover.run import save_archive
 from storage.tables import write_records
 
 

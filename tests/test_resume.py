@@ -3,7 +3,6 @@ the same archive (docs/architecture.md, "Retry, cache, resume"). The kills come 
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -13,8 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from discover.run import load_archive
-from discover.run import TASKS
+from discover.run import TASKS, load_archive
 from storage.manifest import read_manifest
 from tests.conftest import tiny_toy_config
 

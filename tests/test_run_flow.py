@@ -34,7 +34,7 @@ def test_a_two_step_run_leaves_a_run_directory_users_can_query(tmp_path: Path, c
     rows = duckdb.sql(f"select state_id, reward, parent_id, step, lineage, code from '{archive}' order by reward desc").fetchall()
     seeds = {"seed-0", "seed-1"}  # one seed state per group (docs/method.md §5a), 2 groups
     assert rows and seeds <= {r[0] for r in rows}
-    for state_id, reward, parent_id, step, lineage, code in rows:
+    for state_id, reward, parent_id, step, lineage, _code in rows:
         if state_id not in seeds:
             assert parent_id == lineage[-1] and lineage[0] in seeds and step in (0, 1) and reward >= 0
     # every rollout, valid or not, is kept with its reward and reason

@@ -113,7 +113,7 @@ def test_engine_spec_rounds_the_lora_rank_up():
     spec = lambda r: vllm_engine.EngineSpec("m", "bfloat16", (0,), 4096, 0.5, r, False)  # noqa: E731
     assert [spec(r).max_lora_rank for r in (1, 4, 8, 20, 32, 33, 512)] == [1, 8, 8, 32, 32, 64, 512]
     with pytest.raises(ValueError, match="largest"):
-        spec(600).max_lora_rank
+        _ = spec(600).max_lora_rank
 
 
 # ----------------------------------------------------------------------------- vLLM outputs

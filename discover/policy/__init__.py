@@ -4,7 +4,7 @@ trainer (`base.Trainer`), combined in one `base.Policy`; `load_policy` builds th
 
 from __future__ import annotations
 
-from discover.policy.base import Completion, Policy, Sampler, Trainer, TrainBatch
+from discover.policy.base import Completion, Policy, Sampler, TrainBatch, Trainer
 from discover.policy.registry import backend_names, load_policy
 
 __all__ = ["Completion", "Policy", "Sampler", "Trainer", "TrainBatch", "backend_names", "load_policy"]

@@ -9,8 +9,9 @@ tokens with their sampler log-probabilities. Implementations: `hf_decode.HFDecod
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import Hashable, Literal, Protocol
+from typing import Literal, Protocol
 
 StopReason = Literal["eos", "marker", "length"]
 

@@ -7,7 +7,7 @@ seeded by the first submitted request, so the same submissions give the same tok
 
 from __future__ import annotations
 
-from typing import Hashable
+from collections.abc import Hashable
 
 import torch
 

@@ -27,8 +27,8 @@ from __future__ import annotations
 import threading
 import time
 import weakref
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 import torch
 
@@ -37,7 +37,7 @@ __all__ = ["park_all", "unpark_all", "parked_count", "register", "OffloadStats"]
 
 @dataclass
 class _Slot:
-    ref: "weakref.ref[torch.Tensor]"
+    ref: weakref.ref[torch.Tensor]
     device: torch.device
     host: torch.Tensor
     frozen: bool
@@ -64,8 +64,8 @@ class OffloadStats:
 
 _LOCK = threading.RLock()
 _PARKED: dict[int, _Slot] = {}  # id(tensor) -> where it was, its CPU copy
-_FROZEN_HOST: dict[int, tuple["weakref.ref[torch.Tensor]", torch.Tensor]] = {}  # kept CPU copies of frozen tensors
-_SOURCES: "weakref.WeakSet[object]" = weakref.WeakSet()  # objects with a `parkable_tensors()` method (live trainers)
+_FROZEN_HOST: dict[int, tuple[weakref.ref[torch.Tensor], torch.Tensor]] = {}  # kept CPU copies of frozen tensors
+_SOURCES: weakref.WeakSet[object] = weakref.WeakSet()  # objects with a `parkable_tensors()` method (live trainers)
 
 
 def register(owner: object) -> None:

@@ -5,9 +5,10 @@ Nothing here imports a backend (torch, transformers, vLLM) until `load_policy` b
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from importlib import import_module
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from discover.backends import BACKENDS
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 TINY_MODEL_NAME = "tiny-gpt2-v2"
 SPECIAL_TOKEN = "<|endoftext|>"

@@ -228,7 +228,7 @@ class LoRATrainer:
     @classmethod
     def load(
         cls, model: ModelConfig, adapter_dir: Path | None = None, seed: int = 0, devices: list[torch.device] | None = None
-    ) -> "LoRATrainer":
+    ) -> LoRATrainer:
         """The resident base model (loaded on first use) with the adapter of `adapter_dir` or a new one."""
         from peft import LoraConfig, PeftModel, get_peft_model
 

@@ -10,9 +10,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from typing import Iterator
 
 from discover.config import ModelConfig, SamplingConfig
 from discover.policy.base import Completion, Policy

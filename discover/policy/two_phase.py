@@ -24,8 +24,9 @@ requests continuously (vLLM) has no barrier between the phases and evaluation ca
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, cast
+from typing import cast
 
 import numpy as np
 
@@ -49,7 +50,7 @@ class Marker:
     strings: tuple[str, ...] = ()
 
     @classmethod
-    def of(cls, think_end: str, encode: Callable[[str], list[int]]) -> "Marker":
+    def of(cls, think_end: str, encode: Callable[[str], list[int]]) -> Marker:
         ids = encode(think_end)
         return cls(think_end, token_ids=(ids[0],) if len(ids) == 1 else (), strings=(think_end,))
 

@@ -23,9 +23,10 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from pathlib import Path
+from collections.abc import Hashable, Iterator
 from contextlib import contextmanager
-from typing import Any, Hashable, Iterator
+from pathlib import Path
+from typing import Any
 
 from discover.config import ModelConfig, SamplingConfig
 from discover.policy import offload, placement, vllm_engine

@@ -22,9 +22,10 @@ import gc
 import logging
 import os
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 from discover.policy.placement import visible_devices_for
 

@@ -3,7 +3,7 @@ the contests' public cases. `JUDGES` is what `discover judge` uses."""
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from evaluators.algorithms import ahc039, ahc058
 from evaluators.algorithms.judging import Judgement

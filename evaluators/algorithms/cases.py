@@ -10,8 +10,8 @@ from __future__ import annotations
 import functools
 import re
 import tarfile
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 DATA = Path(__file__).resolve().parent / "data"
 _MEMBER = re.compile(r"(?:.*/)?(ahc\d+)_(\d{6})_input\.txt")
@@ -21,7 +21,7 @@ def archive_path(contest: str) -> Path:
     return DATA / f"{contest}_public_inputs_seed0-149.tar.gz"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def public_inputs(contest: str) -> dict[int, str]:
     """Seed -> input text of a contest's vendored public cases."""
     path = archive_path(contest)

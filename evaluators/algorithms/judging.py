@@ -44,7 +44,7 @@ class Judgement:
     details: dict[str, Any] = field(default_factory=dict)  # e.g. {"mackerels": 812, "sardines": 15}
 
     @staticmethod
-    def wrong(reason: str) -> "Judgement":
+    def wrong(reason: str) -> Judgement:
         return Judgement(valid=False, score=0, reason=reason)
 
     def as_dict(self) -> dict[str, Any]:

@@ -9,8 +9,9 @@ problems, a list of [x, y, r] or {"circles_xyr": [...]} for circle packing.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 
 def load_seed_constructions(path: str | Path, is_one: Callable[[Any], bool]) -> list[Any]:

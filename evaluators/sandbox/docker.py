@@ -42,7 +42,6 @@ import base64
 import json
 import math
 import secrets
-import socket
 import threading
 import time
 import weakref
@@ -51,9 +50,6 @@ from pathlib import Path
 from typing import Any
 
 from evaluators.sandbox.base import DATA_ENV, SandboxLimits, SandboxResult
-from evaluators.sandbox.process import HARNESS, _thread_env
-from evaluators.sandbox.run_outputs import compose_logs, failure_reason, parse_output
-
 from evaluators.sandbox.docker_engine import (  # noqa: F401  (re-exported: tests and callers use them here)
     LABEL,
     OWNER_LABEL,
@@ -69,6 +65,8 @@ from evaluators.sandbox.docker_engine import (  # noqa: F401  (re-exported: test
     recv_frame,
     sandbox_containers,
 )
+from evaluators.sandbox.process import HARNESS, _thread_env
+from evaluators.sandbox.run_outputs import compose_logs, failure_reason, parse_output
 
 KEEPER_UID, RUN_UID = 10000, 10001
 DATA_MOUNT = "/data"  # where a run's read-only data directory is bind-mounted
@@ -171,7 +169,7 @@ class DockerSandbox:
         if self._native is not None:
             self._native.close()
 
-    def __enter__(self) -> "DockerSandbox":
+    def __enter__(self) -> DockerSandbox:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -295,7 +293,7 @@ class DockerSandbox:
                     c.runs = self.max_runs
                     self._kill(c)
                     return None, "the sandbox runner's report exceeded its size limit"
-        except (socket.timeout, TimeoutError):
+        except TimeoutError:
             c.runs = self.max_runs
             self._kill(c)
             return None, "backstop"
@@ -419,7 +417,7 @@ def _tmpfs_mb(limits: SandboxLimits) -> int:
     return max(TMPFS_MB, 2 * int(limits.max_file_mb) + 64)
 
 
-_live: "weakref.WeakSet[DockerSandbox]" = weakref.WeakSet()
+_live: weakref.WeakSet[DockerSandbox] = weakref.WeakSet()
 
 
 @atexit.register

@@ -126,7 +126,7 @@ def _recv_exact(sock, n: int, deadline: float) -> bytes | None:
     while len(buf) < n:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            raise socket.timeout("sandbox backstop")
+            raise TimeoutError("sandbox backstop")
         sock.settimeout(remaining)
         chunk = sock.recv(min(n - len(buf), 1 << 20))
         if not chunk:

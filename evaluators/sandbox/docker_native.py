@@ -58,7 +58,7 @@ class NativePool:
         self.idle: list[_Slot] = []
         self.closed = False
 
-    def session(self, slot: int, limits: NativeLimits) -> "DockerSession":
+    def session(self, slot: int, limits: NativeLimits) -> DockerSession:
         key = (int(limits.memory_mb), int(limits.max_processes))
         with self.lock:
             found = next((c for c in self.idle if c.key == key), None)

@@ -17,11 +17,11 @@ import os
 import shutil
 import subprocess
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterator
 
 SELECT_ENV = "DISCOVER_GPUS"
 LOCKS_ENV = "DISCOVER_GPU_LOCKS"

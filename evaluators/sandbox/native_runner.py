@@ -21,14 +21,14 @@ POSIX message queues (RLIMIT_MSGQUEUE 0) and no core dumps; umask 077; one CPU (
 when the host names one; oom_score_adj 1000, so that an out-of-memory kill takes the program
 first; and a wall-clock backstop after which the whole session is killed. Under the process
 backend each case also gets a cgroup made by the host (the message's `cgroup_procs`, joined
-before the uid drop, so the program's whole tree is bounded and its CPU counted, reaped or not)
-and a private directory (`case_dir`: its cwd, HOME and TMPDIR, 0700 and the uid's). The runner waits on a pidfd, kills the program's process group while its
-leader is still unreaped, then reaps it with wait4 for its CPU time and peak resident memory, and
-finally kills every process of `uid` (or, when not root, every process carrying the run's
-environment marker), removes the System V IPC objects and POSIX message queues of `uid` and wipes
-what `uid` owns in the scratch directories the host names. Inside a container it also reads the
-container's cgroup: CPU used while the case ran (covering processes the program left unreaped)
-and the out-of-memory kill counter.
+before the uid drop, so the program's whole tree is bounded and its CPU counted, reaped or not) and
+a private directory (`case_dir`: its cwd, HOME and TMPDIR, 0700 and the uid's). The runner waits on
+a pidfd, kills the program's process group while its leader is still unreaped, then reaps it with
+wait4 for its CPU time and peak resident memory, and finally kills every process of `uid` (or, when
+not root, every process carrying the run's environment marker), removes the System V IPC objects and
+POSIX message queues of `uid` and wipes what `uid` owns in the scratch directories the host names.
+Inside a container it also reads the container's cgroup: CPU used while the case ran (covering
+processes the program left unreaped) and the out-of-memory kill counter.
 """
 
 import base64

@@ -48,17 +48,16 @@ import logging
 import math
 import os
 import secrets
-import threading
-import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from evaluators.sandbox.cgroups import Layout, RunCgroup, available
 from evaluators.sandbox.base import DATA_ENV, BackendRefused, SandboxLimits, SandboxResult
+from evaluators.sandbox.cgroups import Layout, RunCgroup, available
 from evaluators.sandbox.reaping import (
     MARKER_VAR,
     acquire_run_uid,

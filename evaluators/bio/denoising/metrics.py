@@ -116,7 +116,7 @@ class Baselines:
     count_poisson_magic: float  # the normalised count-scale Poisson of the MAGIC seed on this split (the likelihood rule's reference)
 
     @classmethod
-    def of(cls, split: Split) -> "Baselines":
+    def of(cls, split: Split) -> Baselines:
         """The baselines of `split`; runs the MAGIC seed (our own code) here, on the host, on its train half."""
         from evaluators.bio.denoising.sources import run_program
 

@@ -31,8 +31,9 @@ import tempfile
 import threading
 import warnings
 import weakref
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 

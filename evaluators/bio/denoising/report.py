@@ -7,7 +7,8 @@ in their states); ALRA is our own code and runs here, in this process, on the tr
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 

@@ -401,7 +401,6 @@ _MATH = {
     "isfinite",
     "isnan",
     "isinf",
-    "inf",
     "trunc",
     "copysign",
 }

@@ -53,8 +53,8 @@ def check_call(call, shape, job, torch, numpy, cache):
         what = (
             "NaN/inf where the reference has none (or the reverse)"
             if (g != g or r != r or abs(g) == float("inf") or abs(r) == float("inf"))
-            else f"off by more than {ATOL:g} + {RTOL:g}|ref|"
-        )  # noqa: F821 (reference.py)
+            else f"off by more than {ATOL:g} + {RTOL:g}|ref|"  # noqa: F821 (defined in reference.py, sent before this file)
+        )
         return (
             f"{label}: {count} of {got.numel()} checked output values are wrong, {what}; first at "
             f"[b, i, j, c] = {_where(shape, index)}: got {g!r}, expected {r!r} (largest finite error {max_err:.4g})"

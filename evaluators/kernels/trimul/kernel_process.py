@@ -73,9 +73,15 @@ class Captured:
 
 def validate_output(torch, out, expected, device):
     if type(out) is not torch.Tensor:
-        return f"it returned a {type(out).__module__}.{type(out).__qualname__}, not a plain torch.Tensor (tensor subclasses and lazy tensors are rejected)"
+        return (
+            f"it returned a {type(out).__module__}.{type(out).__qualname__}, not a "
+            "plain torch.Tensor (tensor subclasses and lazy tensors are rejected)"
+        )
     if out.layout != torch.strided or out.is_meta:
-        return f"it returned a tensor with layout {out.layout}{' on meta' if out.is_meta else ''}; a strided tensor with its values is required"
+        return (
+            f"it returned a tensor with layout {out.layout}{' on meta' if out.is_meta else ''}; "
+            "a strided tensor with its values is required"
+        )
     if out.device.type != device:
         return f"it returned a tensor on {out.device}; the output must be on {device}"
     if out.dtype != torch.float32:
