@@ -90,22 +90,22 @@ def run_one(cfg: dict) -> dict:
     torch.set_num_threads(1)
     from discover import steps
     from discover.config import parse_config
-    from discover.run import Run, read_evaluations
+    from discover.run import read_evaluations
 
     config = parse_config(cfg)
     run_dir = Path(config.run_dir)
     t0 = time.time()
-    steps.create_run(config)
-    steps.initialise(run_dir)
+    run = steps.create_run(config)
+    steps.initialise(run)
     for step in range(config.steps):
-        steps.select_parents(run_dir, step)
-        steps.generate(run_dir, step)
-        steps.evaluate(run_dir, step)
-        steps.update_archive(run_dir, step)
-        steps.train(run_dir, step)
-    layout = Run.open(run_dir).layout
+        steps.select_parents(run, step)
+        steps.generate(run, step)
+        steps.evaluate(run, step)
+        steps.update_archive(run, step)
+        steps.train(run, step)
+    layout = run.layout
     by_step = [[e.reward for e in read_evaluations(layout.evaluations(s)) if e.valid] for s in range(config.steps)]
-    best = steps.best_state(run_dir).reward
+    best = steps.best_state(run).reward
     shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # adapters: the bulk of the disk, not needed after
     return {"best": best, "by_step": by_step, "seconds": time.time() - t0}
 

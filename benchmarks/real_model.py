@@ -100,6 +100,7 @@ def main() -> int:
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "600")  # a busy machine: Prefect's 20 s is not enough
     from discover.config import parse_config
     from discover.metrics import run_metrics
+    from discover.run import Run
     from flows.run_flow import discovery_run
 
     base = yaml.safe_load(args.config.read_text())
@@ -116,7 +117,7 @@ def main() -> int:
             if not args.report_only:
                 discovery_run(config=cfg)
             seconds[arm] += _wall_seconds(Path(cfg.run_dir), 0.0 if args.report_only else time.time() - t0)
-            records[(arm, seed)] = [rec for _, rec in run_metrics(Path(cfg.run_dir))]
+            records[(arm, seed)] = [rec for _, rec in run_metrics(Run.open(cfg.run_dir))]
             best = max((r["reward/max"] or 0.0) for r in records[(arm, seed)])
             print(f"seed {seed} {arm:>10}: best rollout {best:.4f} ({time.time() - t0:.0f} s)", flush=True)
 

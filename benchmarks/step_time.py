@@ -67,8 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     data |= {"run_dir": str(run_dir), "steps": args.steps, "groups": args.groups, "rollouts_per_group": args.rollouts_per_group}
     cfg = parse_config(data)
     t0 = time.perf_counter()
-    steps.create_run(cfg)
-    steps.initialise(run_dir)
+    run = steps.create_run(cfg)
+    steps.initialise(run)
     init = time.perf_counter() - t0
     rows = []
     per_step = []
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         times = []
         for task in TASKS:
             t = time.perf_counter()
-            getattr(steps, task)(run_dir, step)
+            getattr(steps, task)(run, step)
             times.append(time.perf_counter() - t)
             print(f"step {step} {task}: {times[-1]:.1f} s", flush=True)
         total = sum(times)

@@ -8,11 +8,15 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from cli import operations, problems
 from cli.output import fail
+
+if TYPE_CHECKING:
+    from discover.run import Run
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Test-time training to discover, on your own machines.")
 
@@ -52,13 +56,37 @@ def run(
 @app.command()
 def resume(
     run_dir: Path = typer.Argument(..., help="a run directory written by `discover run`"),
+    redo_from: int | None = typer.Option(
+        None,
+        "--redo-from",
+        metavar="STEP",
+        help="recompute from STEP on: the outputs of STEP and later steps move to RUN_DIR/discarded/<time>/ first",
+    ),
     verbose: bool = typer.Option(False, "-v", "--verbose", help="show Prefect's own log lines"),
 ) -> None:
-    """Resume a run from its first unfinished step and task."""
+    """Resume a run from its first unfinished step and task; a finished task never runs again."""
     _setup_logging(verbose)
-    if not (run_dir / "config.yaml").is_file():
-        fail(f"{run_dir} is not a run directory (no config.yaml); start one with `discover run CONFIG`")
+    run = _open_run(run_dir)
+    if redo_from is not None:
+        from discover.run import RunDirError
+
+        try:
+            moved = run.redo_from(redo_from)
+        except RunDirError as err:
+            fail(str(err))
+        typer.echo(f"recomputing {run_dir} from step {redo_from}; its earlier outputs are in {moved}", err=True)
     _run_flow(str(run_dir))
+
+
+def _open_run(run_dir: Path) -> Run:
+    """The run in `run_dir`, or a one-line error saying what is wrong with the directory."""
+    from discover.config import ConfigError
+    from discover.run import Run, RunDirError
+
+    try:
+        return Run.open(run_dir)
+    except (RunDirError, ConfigError) as err:
+        fail(str(err))
 
 
 def _run_flow(run_dir: str) -> None:
@@ -87,10 +115,8 @@ def status(run_dir: Path = typer.Argument(..., help="a run directory")) -> None:
 
     from discover.status import step_summaries
 
-    try:
-        rows, config = step_summaries(run_dir)
-    except FileNotFoundError as err:
-        fail(str(err))
+    run = _open_run(run_dir)
+    rows, config = step_summaries(run), run.config
     typer.echo(f"{run_dir}: problem {config.problem}, {len(rows)}/{config.steps} steps started")
     table = Table()
     for col in ("step", "best", "mean", "valid", "beta (min–max)", "select", "generate", "evaluate", "archive", "train"):
@@ -108,11 +134,7 @@ def report(
     """Write the run's report: Markdown with the reward distribution by step, the step table, the best states."""
     from discover.report import write_report
 
-    try:
-        path = write_report(run_dir, out)
-    except FileNotFoundError as err:
-        fail(str(err))
-    typer.echo(str(path))
+    typer.echo(str(write_report(_open_run(run_dir), out)))
 
 
 @app.command("config-doc")

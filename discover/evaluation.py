@@ -166,8 +166,7 @@ def thread_pool(workers: int) -> Iterator[Submit]:
 class StepEvaluation:
     """The candidates of one step: parsed, keyed, each distinct one submitted once, stored on return."""
 
-    def __init__(self, run_dir: Path, step: int, submit: Submit) -> None:
-        run = Run.open(run_dir)
+    def __init__(self, run: Run, step: int, submit: Submit) -> None:
         self.run, self.step, self._submit = run, step, submit
         self.problem = run.problem()
         self._archive = load_archive(run.reads("evaluate", step)["archive"])

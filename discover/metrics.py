@@ -19,6 +19,8 @@ Keys (None where the file that gives it is not written yet):
 
 The record only reads files, so computing it again gives the same numbers; a step without a
 metrics.json (unfinished, or written by an older version) gets its record computed on the fly.
+Every function takes the opened run (discover/run.py `Run`); the problem is asked only for
+`summary_metrics`, and only built when a step with valid candidates has no kept record.
 """
 
 from __future__ import annotations
@@ -32,10 +34,8 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
-from discover.config import load_config
-from discover.run import TASKS, make_problem, read_evaluations
+from discover.run import TASKS, Run, read_evaluations
 from storage.atomic import atomic_write_json, atomic_write_text
-from storage.layout import RunLayout
 from storage.manifest import read_manifest
 
 Record = dict[str, float | None]
@@ -44,9 +44,9 @@ TENSORBOARD_DIR = "tensorboard"
 _TB_WRITTEN = "written.json"  # inside TENSORBOARD_DIR: the last step appended to the event files
 
 
-def metrics_path(run_dir: Path, step: int) -> Path:
+def metrics_path(run: Run, step: int) -> Path:
     """RUN_DIR/steps/NNNN/metrics.json: where a step's record lives."""
-    return RunLayout(Path(run_dir)).step_dir(step) / METRICS_FILE
+    return run.layout.step_dir(step) / METRICS_FILE
 
 
 def _number(x: Any) -> float | None:
@@ -57,13 +57,12 @@ def _number(x: Any) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def _problem_means(run_dir: Path, step: int, problem: Any) -> Record:
+def _problem_means(run: Run, step: int) -> Record:
     """problem/<name>: the mean of `summary_metrics` over the step's valid candidates."""
-    layout = RunLayout(Path(run_dir))
-    valid = [e for e in read_evaluations(layout.evaluations(step)) if e.valid]  # older files read as today's records
+    valid = [e for e in read_evaluations(run.layout.evaluations(step)) if e.valid]  # older files read as today's records
     if not valid:
         return {}
-    problem = problem if problem is not None else _LazyProblem(run_dir)
+    problem = run.problem()
     sums: dict[str, list[float]] = {}
     for e in valid:
         for name, value in problem.summary_metrics(e.verdict()).items():
@@ -73,13 +72,9 @@ def _problem_means(run_dir: Path, step: int, problem: Any) -> Record:
     return {f"problem/{name}": float(np.mean(vs)) for name, vs in sums.items()}
 
 
-def step_metrics(run_dir: Path, step: int, problem: Any = None) -> Record:
-    """The record of `step`, computed from the files the step wrote (see the module's keys).
-
-    `problem` is the run's problem (built from its configuration when not given), asked only for
-    `summary_metrics` and only when the step has valid candidates.
-    """
-    layout = RunLayout(Path(run_dir))
+def step_metrics(run: Run, step: int) -> Record:
+    """The record of `step`, computed from the files the step wrote (see the module's keys)."""
+    layout = run.layout
     record: Record = {
         "reward/best": None,
         "reward/mean": None,
@@ -114,64 +109,46 @@ def step_metrics(run_dir: Path, step: int, problem: Any = None) -> Record:
         e = tasks.get(f"{step}/{t}")
         record[f"time/{t}"] = None if e is None else round(e["finished"] - e["started"], 3)
     if layout.evaluations(step).is_file():
-        record |= _problem_means(run_dir, step, problem)
+        record |= _problem_means(run, step)
     return record
 
 
-def step_finished(run_dir: Path, step: int) -> bool:
-    tasks = read_manifest(RunLayout(Path(run_dir)).manifest)["tasks"]
+def step_finished(run: Run, step: int) -> bool:
+    tasks = read_manifest(run.layout.manifest)["tasks"]
     return all(f"{step}/{t}" in tasks for t in TASKS)
 
 
-def write_step_metrics(run_dir: Path, step: int, problem: Any = None) -> Record:
+def write_step_metrics(run: Run, step: int) -> Record:
     """Compute the record of `step` and, once every task of the step has finished, keep it as
     steps/NNNN/metrics.json (atomically); an unfinished step's record is returned, not kept."""
-    record = step_metrics(run_dir, step, problem)
-    if step_finished(run_dir, step):
-        atomic_write_text(metrics_path(run_dir, step), json.dumps(record, indent=2) + "\n")  # in the record's order
+    record = step_metrics(run, step)
+    if step_finished(run, step):
+        atomic_write_text(metrics_path(run, step), json.dumps(record, indent=2) + "\n")  # in the record's order
     return record
 
 
-def read_step_metrics(run_dir: Path, step: int, problem: Any = None) -> Record:
+def read_step_metrics(run: Run, step: int) -> Record:
     """The kept record of `step`, or one computed now where none is kept."""
-    path = metrics_path(run_dir, step)
+    path = metrics_path(run, step)
     if path.is_file():
         return json.loads(path.read_text())
-    return step_metrics(run_dir, step, problem)
+    return step_metrics(run, step)
 
 
-def started_steps(run_dir: Path) -> list[int]:
+def started_steps(run: Run) -> list[int]:
     """The steps with at least one finished task, in order (those `discover status` lists)."""
-    layout = RunLayout(Path(run_dir))
-    if not layout.config.is_file():
-        raise FileNotFoundError(f"{run_dir} is not a run directory (no config.yaml)")
-    tasks = read_manifest(layout.manifest)["tasks"]
+    tasks = read_manifest(run.layout.manifest)["tasks"]
     out = []
-    for step in range(load_config(layout.config).steps):
+    for step in range(run.config.steps):
         if not any(f"{step}/{t}" in tasks for t in TASKS):
             break
         out.append(step)
     return out
 
 
-class _LazyProblem:
-    """The run's problem, built on the first `summary_metrics` call (most steps have a kept record
-    and never need it; building some problems reads their data)."""
-
-    def __init__(self, run_dir: Path) -> None:
-        self._run_dir = Path(run_dir)
-        self._problem: Any = None
-
-    def summary_metrics(self, result: Any) -> dict[str, float]:
-        if self._problem is None:
-            self._problem = make_problem(load_config(RunLayout(self._run_dir).config))
-        return self._problem.summary_metrics(result)
-
-
-def run_metrics(run_dir: Path) -> list[tuple[int, Record]]:
+def run_metrics(run: Run) -> list[tuple[int, Record]]:
     """(step, record) of every started step, kept records read, the others computed."""
-    problem = _LazyProblem(run_dir)
-    return [(s, read_step_metrics(run_dir, s, problem)) for s in started_steps(run_dir)]
+    return [(s, read_step_metrics(run, s)) for s in started_steps(run)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -179,8 +156,8 @@ def run_metrics(run_dir: Path) -> list[tuple[int, Record]]:
 # tensorboard package alone (no TensorFlow, no torch).
 
 
-def tensorboard_dir(run_dir: Path) -> Path:
-    return Path(run_dir) / TENSORBOARD_DIR
+def tensorboard_dir(run: Run) -> Path:
+    return run.root / TENSORBOARD_DIR
 
 
 def _last_written(logdir: Path) -> int:
@@ -188,7 +165,7 @@ def _last_written(logdir: Path) -> int:
     return int(json.loads(path.read_text())["last_step"]) if path.is_file() else -1
 
 
-def write_tensorboard(run_dir: Path, records: list[tuple[int, Record]]) -> list[int]:
+def write_tensorboard(run: Run, records: list[tuple[int, Record]]) -> list[int]:
     """Append the records of steps after the last one already written, in step order, to a new
     event file in RUN_DIR/tensorboard; return the steps written.
 
@@ -203,7 +180,7 @@ def write_tensorboard(run_dir: Path, records: list[tuple[int, Record]]) -> list[
     from tensorboard.compat.proto.summary_pb2 import Summary
     from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
-    logdir = tensorboard_dir(run_dir)
+    logdir = tensorboard_dir(run)
     logdir.mkdir(parents=True, exist_ok=True)
     last = _last_written(logdir)
     todo = [(s, r) for s, r in sorted(records) if s > last]
@@ -221,17 +198,15 @@ def write_tensorboard(run_dir: Path, records: list[tuple[int, Record]]) -> list[
     return [s for s, _ in todo]
 
 
-def publish_metrics(run_dir: Path, step: int) -> list[tuple[int, Record]]:
+def publish_metrics(run: Run, step: int) -> list[tuple[int, Record]]:
     """After `step`: keep the record of every finished step up to it that has none yet (the step
     itself, and any an earlier failure skipped), append them to TensorBoard when the run's
     `metrics.tensorboard` is on, and return (step, record) of every started step."""
-    config = load_config(RunLayout(Path(run_dir)).config)
-    problem = _LazyProblem(run_dir)
     for s in range(step + 1):
-        if not metrics_path(run_dir, s).is_file() and step_finished(run_dir, s):
-            write_step_metrics(run_dir, s, problem)
-    records = run_metrics(run_dir)
-    if config.metrics.tensorboard:
+        if not metrics_path(run, s).is_file() and step_finished(run, s):
+            write_step_metrics(run, s)
+    records = run_metrics(run)
+    if run.config.metrics.tensorboard:
         # only finished steps: an unfinished step's record would change, and TensorBoard keeps the first
-        write_tensorboard(run_dir, [(s, r) for s, r in records if s <= step and metrics_path(run_dir, s).is_file()])
+        write_tensorboard(run, [(s, r) for s, r in records if s <= step and metrics_path(run, s).is_file()])
     return records

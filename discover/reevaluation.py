@@ -47,9 +47,9 @@ def gpu_type() -> str:
     return gpus[0].name if gpus else "no-GPU"
 
 
-def top_states(run_dir: Path, k: int) -> list[State]:
+def top_states(run: Run, k: int) -> list[State]:
     """The k best non-seed states of the newest archive, best first."""
-    archive = load_archive(Run.open(run_dir).newest_archive())
+    archive = load_archive(run.newest_archive())
     states = sorted((s for s in archive.states.values() if not s.is_seed), key=lambda s: s.reward, reverse=True)
     return states[:k]
 
@@ -74,13 +74,12 @@ def _candidate(run: Run, state: State) -> str:
 
 
 def reevaluate_states(
-    run_dir: Path,
+    run: Run,
     k: int,
     pool: str,
     slot: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
 ) -> list[Reevaluation]:
     """Re-score the k best states; `slot()` is held around each evaluation (a GPU slot, say)."""
-    run = Run.open(run_dir)
     problem = run.problem()
     host = socket.gethostname()
     no_gpu = problem.needs_gpu and not local_gpus()
@@ -92,7 +91,7 @@ def reevaluate_states(
         )
     )
     rows = []
-    for state in top_states(run_dir, k):
+    for state in top_states(run, k):
         t0 = time.time()
         if no_gpu:  # a clear verdict, not a crash and not an hour of CPU checks
             result = EvalResult.invalid(NO_GPU)
@@ -154,9 +153,9 @@ def table_rows(rows: list[Reevaluation]) -> list[dict[str, Any]]:
 
 
 def reevaluate_run(
-    run_dir: Path, k: int, pool: str, slot: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext
+    run: Run, k: int, pool: str, slot: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext
 ) -> tuple[list[Reevaluation], Path]:
     """Re-score the k best states and write the table, named by GPU type for a problem that needs one."""
-    rows = reevaluate_states(run_dir, k, pool, slot)
-    gpu = gpu_type() if Run.open(run_dir).problem().needs_gpu else None
-    return rows, write_reevaluation(run_dir, rows, pool, gpu=gpu)
+    rows = reevaluate_states(run, k, pool, slot)
+    gpu = gpu_type() if run.problem().needs_gpu else None
+    return rows, write_reevaluation(run.root, rows, pool, gpu=gpu)

@@ -17,36 +17,32 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from discover.archive import State
-from discover.config import load_config
-from discover.run import load_archive, make_problem, read_evaluations, read_rollouts
+from discover.run import Run, load_archive, read_evaluations, read_rollouts
 from discover.status import step_rows
 from evaluators.markdown import markdown_table
 from storage.atomic import atomic_path, atomic_write_text
-from storage.layout import RunLayout
 
 REPORT_DIR = "report"
 TRAIN_SHOWN = ("loss", "kl", "beta_mean")  # of the train/ keys of a step's record, those the step table shows
 
 
-def step_rewards(run_dir: Path) -> dict[int, np.ndarray]:
+def step_rewards(run: Run) -> dict[int, np.ndarray]:
     """The reward of every rollout, per step whose evaluations exist (invalid rollouts score 0)."""
-    layout = RunLayout(Path(run_dir))
     out = {}
-    for path in sorted((layout.root / "steps").glob("*/evaluations.parquet")):
+    for path in sorted((run.root / "steps").glob("*/evaluations.parquet")):
         out[int(path.parent.name)] = pq.read_table(path, columns=["reward"]).column("reward").to_numpy()
     return out
 
 
-def reward_figure(run_dir: Path, path: Path) -> Path:
+def reward_figure(run: Run, path: Path) -> Path:
     """Violin plots of rollout rewards per step with the best-so-far curve (method paper, Fig. 1)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    layout = RunLayout(Path(run_dir))
-    rewards = step_rewards(run_dir)
-    seeds = load_archive(layout.archive(0)).states.values()
+    rewards = step_rewards(run)
+    seeds = load_archive(run.layout.archive(0)).states.values()
     best = max((s.reward for s in seeds), default=0.0)
     steps = sorted(rewards)
     best_so_far = []
@@ -65,7 +61,7 @@ def reward_figure(run_dir: Path, path: Path) -> Path:
         ax.legend(loc="lower right", fontsize=8)
     ax.set_xlabel("training step")
     ax.set_ylabel("reward")
-    ax.set_title(f"Rewards of the rollouts by step ({load_config(layout.config).problem})", fontsize=10)
+    ax.set_title(f"Rewards of the rollouts by step ({run.config.problem})", fontsize=10)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     with atomic_path(Path(path)) as tmp:
@@ -74,10 +70,10 @@ def reward_figure(run_dir: Path, path: Path) -> Path:
     return Path(path)
 
 
-def best_states(run_dir: Path, k: int = 5) -> list[dict[str, Any]]:
+def best_states(run: Run, k: int = 5) -> list[dict[str, Any]]:
     """The k best states of the newest archive: id, reward, step, depth of lineage, construction."""
     out = []
-    for s in newest_states(run_dir)[:k]:
+    for s in newest_states(run)[:k]:
         construction = json.dumps(s.construction)
         if len(construction) > 60:
             construction = construction[:57] + "..."
@@ -85,9 +81,9 @@ def best_states(run_dir: Path, k: int = 5) -> list[dict[str, Any]]:
     return out
 
 
-def newest_states(run_dir: Path) -> list[State]:
+def newest_states(run: Run) -> list[State]:
     """The states of the newest archive, best first ([] before the seeds are written)."""
-    archives = sorted((Path(run_dir) / "archive").glob("*.parquet"))
+    archives = sorted((run.root / "archive").glob("*.parquet"))
     if not archives:
         return []
     return sorted(load_archive(archives[-1]).states.values(), key=lambda s: s.reward, reverse=True)
@@ -96,11 +92,11 @@ def newest_states(run_dir: Path) -> list[State]:
 ANSWER_CHARS = 1200  # of each answer quoted in the report
 
 
-def model_answers(run_dir: Path) -> list[str]:
+def model_answers(run: Run) -> list[str]:
     """The newest evaluated step's best and worst answers as the model wrote them (Markdown), so a
     reader sees what the model actually produces: its text, and the verdict it got."""
-    layout = RunLayout(Path(run_dir))
-    steps = [s for s in range(load_config(layout.config).steps) if layout.evaluations(s).is_file()]
+    layout = run.layout
+    steps = [s for s in range(run.config.steps) if layout.evaluations(s).is_file()]
     if not steps:
         return []
     step = steps[-1]
@@ -120,14 +116,14 @@ def model_answers(run_dir: Path) -> list[str]:
     return lines
 
 
-def problem_sections(config, run_dir: Path) -> list[str]:
+def problem_sections(run: Run) -> list[str]:
     """What the run's problem adds (its `report_sections` hook, docs/architecture.md "Problem
     hooks"), as Markdown: a heading, a paragraph and a table per section."""
-    states = newest_states(run_dir)
+    states = newest_states(run)
     if not states:
         return []
     lines: list[str] = []
-    for section in make_problem(config).report_sections(states):
+    for section in run.problem().report_sections(states):
         lines += [f"## {section.title}", ""]
         if section.text:
             lines += [section.text, ""]
@@ -148,8 +144,8 @@ def step_columns(rows: list[dict[str, Any]]) -> list[str]:
     return ["step", *sorted(shown, key=lambda k: order.get(k.split("/")[0], len(order)))]
 
 
-def _reevaluation_section(layout: RunLayout) -> list[str]:
-    tables = sorted((layout.root / "reevaluations").glob("*.md"))
+def _reevaluation_section(run: Run) -> list[str]:
+    tables = sorted((run.root / "reevaluations").glob("*.md"))
     if not tables:
         return []
     lines = ["## Re-evaluations", ""]
@@ -158,18 +154,15 @@ def _reevaluation_section(layout: RunLayout) -> list[str]:
     return [*lines, ""]
 
 
-def write_report(run_dir: Path, out_dir: Path | None = None) -> Path:
+def write_report(run: Run, out_dir: Path | None = None) -> Path:
     """Write report.md and rewards.png into RUN_DIR/report (or `out_dir`); return report.md's path."""
-    layout = RunLayout(Path(run_dir))
-    if not layout.config.is_file():
-        raise FileNotFoundError(f"{run_dir} is not a run directory (no config.yaml)")
-    config = load_config(layout.config)
-    out = Path(out_dir) if out_dir else layout.root / REPORT_DIR
+    config = run.config
+    out = Path(out_dir) if out_dir else run.root / REPORT_DIR
     out.mkdir(parents=True, exist_ok=True)
-    reward_figure(run_dir, out / "rewards.png")
-    rows = step_rows(run_dir)
-    run_id = json.loads(layout.run_info.read_text())["run_id"]
-    top = best_states(run_dir)
+    reward_figure(run, out / "rewards.png")
+    rows = step_rows(run)
+    run_id = run.run_id
+    top = best_states(run)
     lines = [
         f"# Run report: {config.problem}",
         "",
@@ -196,9 +189,9 @@ def write_report(run_dir: Path, out_dir: Path | None = None) -> Path:
         "## Best states",
         "",
         markdown_table(top),
-        *problem_sections(config, run_dir),
-        *model_answers(run_dir),
-        *_reevaluation_section(layout),
+        *problem_sections(run),
+        *model_answers(run),
+        *_reevaluation_section(run),
     ]
     report = out / "report.md"
     atomic_write_text(report, "\n".join(lines))

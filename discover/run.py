@@ -1,17 +1,28 @@
-"""The run directory's one owner: open and validate it, its id, its problem and, for each task of a
-step, exactly which files the task reads and which file it writes.
+"""The run directory's one owner: open and validate it, its id, its problem, which tasks have
+finished and, for each task of a step, exactly which files the task reads and which file it writes.
 
-The five step functions (discover/steps.py) read their inputs only through `Run.reads`, and the
-Prefect cache key of a task (flows/cache.py) hashes exactly those files, so a step that starts to
-read a new file cannot leave its cache key stale: the file has to be declared here first.
+A run is opened once per process entry point (a flow run, a CLI command) and the `Run` is passed
+down: the step functions (discover/steps.py), the step's evaluation, the metrics, the report and
+the status all take it, and none reads config.yaml again. That is safe because config.yaml never
+changes after `Run.create`; the problem is built once per `Run`, on first use.
+
+The five step functions read their inputs only through `Run.reads`, and the Prefect cache key of a
+task (flows/cache.py) hashes exactly those files, so a step that starts to read a new file cannot
+leave its cache key stale: the file has to be declared here first.
+
+A task the manifest records as finished is never run again (`finished_output`), whatever changed in
+the code or the environment since; `redo_from` is the one way to recompute steps on purpose
+(docs/operations.md, "Upgrading during a run").
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import time
 import uuid
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +34,7 @@ from evaluators.base import Problem
 from evaluators.registry import get_problem
 from storage.atomic import atomic_write_json, atomic_write_text, content_hash
 from storage.layout import RunLayout
+from storage.manifest import forget_steps, read_manifest, redo_epoch, task_entry
 from storage.tables import read_records, write_records
 
 TASKS = ("select_parents", "generate", "evaluate", "update_archive", "train")
@@ -122,6 +134,70 @@ class Run:
             "train": L.checkpoint(step + 1),
         }[task]
 
+    def finished_output(self, task: str, step: int) -> Ref | None:
+        """The reference `task` of `step` returned when it finished (manifest.json), or None when it
+        has not finished. A finished task is never run again: its output is used as it is, after
+        checking that it is still the file the task wrote (RunDirError otherwise, saying how to
+        recompute)."""
+        entry = task_entry(self.layout.manifest, step, task)
+        if entry is None:
+            return None
+        ref: Ref = entry["output"]
+        path = self.root / ref["path"]
+        found = content_hash(path) if path.exists() else None
+        if found != ref["sha256"]:
+            what = "is missing" if found is None else "has changed"
+            hashes = "" if found is None else f" (sha256 now {found[:12]}..., recorded {ref['sha256'][:12]}...)"
+            raise RunDirError(
+                f"{ref['path']} {what} since {task} of step {step} finished{hashes}; restore it, or recompute from "
+                f"that step with `discover resume {self.root} --redo-from {step}`"
+            )
+        return ref
+
+    def finished_steps(self) -> int:
+        """How many leading steps have all their tasks finished: the number of the first unfinished one."""
+        done = read_manifest(self.layout.manifest)["tasks"]
+        step = 0
+        while all(f"{step}/{t}" in done for t in TASKS):
+            step += 1
+        return step
+
+    def epoch(self) -> int:
+        """How many times steps of this run were recomputed on purpose (`redo_from`); part of every
+        task's cache key, so a recomputed step never takes a result Prefect cached before."""
+        return redo_epoch(self.layout.manifest)
+
+    def redo_from(self, step: int) -> Path:
+        """Recompute the run from `step` on: every output of `step` and later steps (their step
+        folders, the archives and checkpoints they wrote, the TensorBoard files) moves to
+        RUN_DIR/discarded/<UTC time>/ with its relative path, nothing is deleted; the manifest
+        forgets those steps' tasks and records the redo, which raises the cache epoch. Returns the folder that holds what
+        was moved. The next `discover resume` runs `step` again from the archive and checkpoint it
+        started from."""
+        finished = self.finished_steps()
+        started = max((s for s in self._started_steps()), default=-1)
+        if not 0 <= step <= max(finished, started):
+            raise RunDirError(
+                f"cannot redo from step {step}: {self.root} has steps 0 to {max(finished, started)} started "
+                f"({finished} finished); choose a step in that range"
+            )
+        L = self.layout
+        moved = [L.step_dir(s) for s in range(step, self.config.steps)]
+        moved += [L.archive(s + 1) for s in range(step, self.config.steps)]
+        moved += [L.checkpoint(s + 1) for s in range(step, self.config.steps)]
+        moved += [self.root / "tensorboard"]  # appended step by step; written again from step 0
+        trash = self.root / "discarded" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        for path in moved:
+            if path.exists():
+                target = trash / path.relative_to(self.root)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.move(str(path), str(target))
+        forget_steps(L.manifest, step, note=f"outputs moved to {trash.relative_to(self.root)}")
+        return trash
+
+    def _started_steps(self) -> list[int]:
+        return sorted({int(key.split("/")[0]) for key in read_manifest(self.layout.manifest)["tasks"]})
+
     def input_hashes(self, task: str, step: int) -> dict[str, str]:
         """Content hash of each input of a task ("missing" for one not written yet)."""
         return {name: content_hash(p) if p.exists() else "missing" for name, p in self.reads(task, step).items()}
@@ -135,8 +211,18 @@ class Run:
         """A seed for one purpose at one step, derived from the run seed."""
         return int(np.random.SeedSequence([self.config.seed, _STREAMS[purpose], step]).generate_state(1)[0])
 
-    def problem(self) -> Problem:
+    @cached_property
+    def _problem(self) -> Problem:
         return make_problem(self.config)
+
+    def __getstate__(self) -> dict:
+        """Pickled without the problem built so far (it may hold a dataset): a `Run` travels with
+        the tasks a step submits to other processes, which build their own."""
+        return {k: v for k, v in self.__dict__.items() if k != "_problem"}
+
+    def problem(self) -> Problem:
+        """The run's problem, built on first use and then kept (building some reads their data)."""
+        return self._problem
 
     def newest_archive(self) -> Path:
         archives = sorted((self.root / "archive").glob("*.parquet"))

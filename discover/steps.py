@@ -1,7 +1,7 @@
 """The five tasks of one training step (docs/method.md §1) and the run's initialisation, as plain functions.
 
-Each function opens the run (discover/run.py), reads exactly the files `Run.reads` declares for
-it, writes its one output atomically and returns a reference (`{"path": relative path, "sha256":
+Each function takes the opened run (discover/run.py), reads exactly the files `Run.reads` declares
+for it, writes its one output atomically and returns a reference (`{"path": relative path, "sha256":
 content hash}`), so Prefect tasks pass small references, never tensors. Every function
 is deterministic given the run's seed, the step and its inputs: a killed-and-resumed run repeats
 a task with the same result.
@@ -22,7 +22,7 @@ import numpy as np
 
 from discover.archive import Archive
 from discover.archive import update_archive as apply_archive_update
-from discover.config import RunConfig
+from discover.config import RunConfig, TrainConfig
 from discover.evaluation import StepEvaluation, judge_candidate, thread_pool
 from discover.mixed import best_past_rollouts, mixed_stream
 from discover.objectives import group_advantages
@@ -54,13 +54,12 @@ def create_run(config: RunConfig) -> Run:
     return Run.create(config)
 
 
-def initialise(run_dir: Path) -> dict[str, Ref]:
+def initialise(run: Run) -> dict[str, Ref]:
     """The seeds (archive 0) and the initial adapter (checkpoint 0), each written once.
 
     Idempotent, and called on every start and resume, so a run killed during its initialisation
     resumes where it stopped.
     """
-    run = Run.open(run_dir)
     archive0 = run.layout.archive(0)
     if not archive0.is_file():
         save_archive(archive0, Archive.from_seeds(_seed_states(run)))
@@ -105,9 +104,8 @@ def _seed_states(run: Run) -> list[State]:
 # The five tasks of a step.
 
 
-def select_parents(run_dir: Path, step: int) -> Ref:
+def select_parents(run: Run, step: int) -> Ref:
     """docs/method.md §1.1 and §3: choose G start states from the archive and build one context per group."""
-    run = Run.open(run_dir)
     config, inputs = run.config, run.reads("select_parents", step)
     archive = load_archive(inputs["archive"])
     problem = run.problem()
@@ -131,7 +129,7 @@ def select_parents(run_dir: Path, step: int) -> Ref:
     return run.ref(out)
 
 
-def generate(run_dir: Path, step: int, on_rollout: Callable[[Rollout], None] | None = None) -> Ref:
+def generate(run: Run, step: int, on_rollout: Callable[[Rollout], None] | None = None) -> Ref:
     """docs/method.md §1.2 and §4: K rollouts per context from the policy of this step, with log-probs.
 
     `on_rollout` sees each rollout as soon as the policy finishes it (discover/evaluation.py starts
@@ -139,7 +137,6 @@ def generate(run_dir: Path, step: int, on_rollout: Callable[[Rollout], None] | N
     """
     from discover.policy import load_policy
 
-    run = Run.open(run_dir)
     config, inputs = run.config, run.reads("generate", step)
     parents = json.loads(inputs["parents"].read_text())["groups"]
     policy = load_policy(config.model, inputs["checkpoint"] / "adapter")
@@ -176,7 +173,7 @@ def generate(run_dir: Path, step: int, on_rollout: Callable[[Rollout], None] | N
     return run.ref(out)
 
 
-def evaluate(run_dir: Path, step: int, evaluation: StepEvaluation | None = None) -> Ref:
+def evaluate(run: Run, step: int, evaluation: StepEvaluation | None = None) -> Ref:
     """docs/method.md §1.3: parse each rollout into a candidate and score it in the problem's sandbox.
 
     `evaluation` is the step's evaluation already under way (candidates submitted while they were
@@ -184,12 +181,11 @@ def evaluate(run_dir: Path, step: int, evaluation: StepEvaluation | None = None)
     Either way each distinct candidate is evaluated once and stored as it finishes, so this task,
     run again, evaluates only what had not finished (discover/evaluation.py).
     """
-    run = Run.open(run_dir)
     rollouts = read_rollouts(run.reads("evaluate", step)["rollouts"])
     t0 = time.time()
     if evaluation is None:
         with thread_pool(run.config.sandbox.concurrency) as submit:
-            evaluations = StepEvaluation(run.root, step, submit).collect(rollouts)
+            evaluations = StepEvaluation(run, step, submit).collect(rollouts)
     else:
         evaluations = evaluation.collect(rollouts)
     out = run.writes("evaluate", step)
@@ -207,9 +203,8 @@ def evaluate(run_dir: Path, step: int, evaluation: StepEvaluation | None = None)
     return run.ref(out)
 
 
-def update_archive(run_dir: Path, step: int) -> Ref:
+def update_archive(run: Run, step: int) -> Ref:
     """docs/method.md §1.4 and §3: expansion statistics, top children per parent, the size cap."""
-    run = Run.open(run_dir)
     config, inputs = run.config, run.reads("update_archive", step)
     archive = load_archive(inputs["archive"])
     parents = [g["parent_id"] for g in json.loads(inputs["parents"].read_text())["groups"]]
@@ -223,56 +218,21 @@ def update_archive(run_dir: Path, step: int) -> Ref:
     return run.ref(out)
 
 
-def train(run_dir: Path, step: int) -> Ref:
+def train(run: Run, step: int) -> Ref:
     """docs/method.md §1.5 and §2: one optimizer step of the LoRA policy on all G x K rollouts."""
-    run = Run.open(run_dir)
     config, inputs = run.config, run.reads("train", step)
     rollouts = read_rollouts(inputs["rollouts"])
     evaluations = read_evaluations(inputs["evaluations"])
-    rewards = {(e.group, e.index): e.reward for e in evaluations}
-    lazy = 0
-    if config.train.lazy_penalty is not None:  # ThetaEvolve (docs/method.md §6): a child already in H earns the penalty
-        problem, archive = run.problem(), load_archive(inputs["archive"])
-        rewards, lazy = lazy_rewards(
-            rewards, evaluations, {s.key for s in archive.states.values() if s.key}, problem.archive_key, config.train.lazy_penalty
-        )
-    rewards_by_group: dict[int, list[float]] = {}
-    for r in rollouts:
-        rewards_by_group.setdefault(r.group, []).append(rewards[(r.group, r.index)])
-    advantages: dict[int, np.ndarray] = {}
-    betas = []
-    for g, group_rewards in rewards_by_group.items():
-        ga = group_advantages(group_rewards, config.train.objective, gamma=config.train.gamma, constant_beta=config.train.constant_beta)
-        advantages[g] = ga.advantages
-        betas.append(ga.beta)
-    finite = [b for b in betas if np.isfinite(b)]
-    stats: dict[str, Any] = {
-        "objective": config.train.objective,
-        "beta_mean": float(np.mean(finite)) if finite else None,
-        "beta_min": float(np.min(finite)) if finite else None,
-        "beta_max": float(np.max(finite)) if finite else None,
-        "groups_with_signal": int(sum(np.any(a != 0) for a in advantages.values())),
-        "lazy_children": lazy,
-    }
+    rewards, lazy = training_rewards(run, evaluations, inputs["archive"])
+    advantages, stats = step_advantages(rollouts, rewards, config.train)
+    stats["lazy_children"] = lazy
     src, dst = inputs["checkpoint"], run.writes("train", step)
     t0 = time.time()
     if config.train.objective == "none":
         with atomic_dir(dst) as tmp:  # search only: the policy stays as it was
             shutil.copytree(src, tmp, dirs_exist_ok=True)
     else:
-        from discover.policy import TrainBatch, load_policy
-
-        policy = load_policy(config.model, src / "adapter")
-        batch = TrainBatch(
-            completions=[r.completion() for r in rollouts],
-            advantages=[float(advantages[r.group][r.index]) for r in rollouts],
-        )
-        optimizer = src / "optimizer.pt"
-        stats |= policy.train_step(
-            batch, config.train, temperature=config.sampling.temperature, optimizer_state=optimizer if optimizer.is_file() else None
-        )
-        with atomic_dir(dst) as tmp:
-            policy.save(tmp / "adapter", tmp / "optimizer.pt")
+        stats |= _optimizer_step(run, rollouts, advantages, src, dst)
     stats["seconds"] = time.time() - t0
     atomic_write_json(run.layout.train_stats(step), stats)
     beta = f"{stats['beta_mean']:.3g}" if stats["beta_mean"] is not None else "n/a"
@@ -285,6 +245,63 @@ def train(run_dir: Path, step: int) -> Ref:
         f"{stats.get('logprob_gap', float('nan')):.3g}",
     )
     return run.ref(dst)
+
+
+def training_rewards(run: Run, evaluations: list[Evaluation], archive_path: Path) -> tuple[dict[tuple[int, int], float], int]:
+    """The reward each rollout trains with, by (group, index): its evaluation's, or the lazy
+    penalty where `train.lazy_penalty` is set and the child repeats a state of the archive it was
+    drawn from (ThetaEvolve, docs/method.md §6); and how many children got the penalty."""
+    rewards = {(e.group, e.index): e.reward for e in evaluations}
+    penalty = run.config.train.lazy_penalty
+    if penalty is None:
+        return rewards, 0
+    archive = load_archive(archive_path)
+    return lazy_rewards(rewards, evaluations, {s.key for s in archive.states.values() if s.key}, run.problem().archive_key, penalty)
+
+
+def step_advantages(
+    rollouts: list[Rollout], rewards: dict[tuple[int, int], float], train: TrainConfig
+) -> tuple[dict[int, np.ndarray], dict[str, Any]]:
+    """docs/method.md §2: each group's advantages under the objective, and the step's beta and
+    signal statistics (beta_mean/min/max over the groups with a finite beta, groups_with_signal)."""
+    rewards_by_group: dict[int, list[float]] = {}
+    for r in rollouts:
+        rewards_by_group.setdefault(r.group, []).append(rewards[(r.group, r.index)])
+    advantages: dict[int, np.ndarray] = {}
+    betas = []
+    for g, group_rewards in rewards_by_group.items():
+        ga = group_advantages(group_rewards, train.objective, gamma=train.gamma, constant_beta=train.constant_beta)
+        advantages[g] = ga.advantages
+        betas.append(ga.beta)
+    finite = [b for b in betas if np.isfinite(b)]
+    stats: dict[str, Any] = {
+        "objective": train.objective,
+        "beta_mean": float(np.mean(finite)) if finite else None,
+        "beta_min": float(np.min(finite)) if finite else None,
+        "beta_max": float(np.max(finite)) if finite else None,
+        "groups_with_signal": int(sum(np.any(a != 0) for a in advantages.values())),
+    }
+    return advantages, stats
+
+
+def _optimizer_step(run: Run, rollouts: list[Rollout], advantages: dict[int, np.ndarray], src: Path, dst: Path) -> dict[str, Any]:
+    """Load the policy of checkpoint `src`, take one optimizer step on the rollouts and write the
+    adapter and the optimizer state to checkpoint `dst` (atomically); the trainer's statistics."""
+    from discover.policy import TrainBatch, load_policy
+
+    config = run.config
+    policy = load_policy(config.model, src / "adapter")
+    batch = TrainBatch(
+        completions=[r.completion() for r in rollouts],
+        advantages=[float(advantages[r.group][r.index]) for r in rollouts],
+    )
+    optimizer = src / "optimizer.pt"
+    stats = policy.train_step(
+        batch, config.train, temperature=config.sampling.temperature, optimizer_state=optimizer if optimizer.is_file() else None
+    )
+    with atomic_dir(dst) as tmp:
+        policy.save(tmp / "adapter", tmp / "optimizer.pt")
+    return stats
 
 
 def lazy_rewards(
@@ -304,6 +321,6 @@ def lazy_rewards(
     return out, changed
 
 
-def best_state(run_dir: Path) -> State:
+def best_state(run: Run) -> State:
     """The best state of the newest archive of a run."""
-    return load_archive(Run.open(run_dir).newest_archive()).best()
+    return load_archive(run.newest_archive()).best()

@@ -14,13 +14,11 @@ from pathlib import Path
 from prefect.artifacts import create_image_artifact, create_markdown_artifact, create_table_artifact
 
 from discover import metrics, report
-from storage.layout import RunLayout
+from discover.run import Run
 
 
-def _key(run_dir: str, what: str) -> str:
-    from discover.run import Run
-
-    return f"discover-{Run.open(run_dir).run_id[:12]}-{what}"
+def _key(run: Run, what: str) -> str:
+    return f"discover-{run.run_id[:12]}-{what}"
 
 
 def _data_url(png: Path) -> str:
@@ -28,21 +26,21 @@ def _data_url(png: Path) -> str:
     return "data:image/png;base64," + base64.b64encode(Path(png).read_bytes()).decode()
 
 
-def publish_step(run_dir: str, step: int) -> None:
+def publish_step(run: Run, step: int) -> None:
     """First the step's metrics record (steps/NNNN/metrics.json, and TensorBoard's event files when
     `metrics.tensorboard` is on), then the artifacts: a table of the records of every step so far
     and the reward distribution by step with the best so far."""
-    records = metrics.publish_metrics(Path(run_dir), step)
+    records = metrics.publish_metrics(run, step)
     keys = list(dict.fromkeys(k for _, r in records for k in r))  # one set of columns, None where a step lacks a key
     rows = [{"step": s, **{k: r.get(k) for k in keys}} for s, r in records]
-    create_table_artifact(rows, key=_key(run_dir, "steps"), description=f"{run_dir}: metrics record of each step after step {step}")
-    png = report.reward_figure(Path(run_dir), RunLayout(Path(run_dir)).root / report.REPORT_DIR / "rewards.png")
-    create_image_artifact(_data_url(png), key=_key(run_dir, "rewards"), description=f"{run_dir}: rewards by step after step {step}")
+    create_table_artifact(rows, key=_key(run, "steps"), description=f"{run.root}: metrics record of each step after step {step}")
+    png = report.reward_figure(run, run.root / report.REPORT_DIR / "rewards.png")
+    create_image_artifact(_data_url(png), key=_key(run, "rewards"), description=f"{run.root}: rewards by step after step {step}")
 
 
-def publish_report(run_dir: str) -> Path:
+def publish_report(run: Run) -> Path:
     """Write RUN_DIR/report/report.md (with its PNG) and show it as a Markdown artifact."""
-    path = report.write_report(Path(run_dir))
+    path = report.write_report(run)
     text = path.read_text().replace("](rewards.png)", f"]({_data_url(path.parent / 'rewards.png')})")
-    create_markdown_artifact(text, key=_key(run_dir, "report"), description=f"report written to {path}")
+    create_markdown_artifact(text, key=_key(run, "report"), description=f"report written to {path}")
     return path

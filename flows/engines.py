@@ -26,7 +26,7 @@ from typing import Any
 
 from discover.config import RunConfig
 from discover.evaluation import Resources
-from discover.run import make_problem
+from discover.run import Run
 
 log = logging.getLogger("discover")
 
@@ -65,10 +65,11 @@ def _fits(offered: dict[str, float], wanted: dict[str, float]) -> bool:
 
 
 @contextmanager
-def evaluation_engine(config: RunConfig) -> Iterator[TaskRunnerFactory]:
+def evaluation_engine(run: Run) -> Iterator[TaskRunnerFactory]:
     """Start (or connect to) the run's engine; yield a factory of each step's task runner."""
+    config = run.config
     e = config.evaluation
-    resources = Resources.of(make_problem(config))
+    resources = Resources.of(run.problem())
     if e.runner == "local":
         from prefect.task_runners import ThreadPoolTaskRunner
 

@@ -5,7 +5,7 @@ submitted with the engine's resource request, retried when the infrastructure fa
 worker, a Docker engine that went away), never for the candidate's own failure (a reward of 0).
 Its result is stored by discover/evaluation.py under the candidate's own key, not by Prefect.
 
-The step's evaluation lives here, by (run_dir, step), while the step flow runs: the generate and
+The step's evaluation lives here, by (run id, step), while the step flow runs: the generate and
 evaluate tasks look it up (`current_evaluation`) rather than take it as a parameter, because a
 task's parameters, and the globals of the module its function comes from, travel with every task
 it submits (Prefect serialises the parent's context for the engine's workers).
@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from pathlib import Path
 from typing import Any
 
 from prefect import task
@@ -74,15 +73,14 @@ def evaluate_candidate(job: CandidateJob) -> dict[str, Any]:
 _EVALUATIONS: dict[tuple[str, int], StepEvaluation] = {}
 
 
-def current_evaluation(run_dir: str, step: int) -> StepEvaluation | None:
+def current_evaluation(run: Run, step: int) -> StepEvaluation | None:
     """The evaluation of `step` under way in this process (None outside `step_evaluation`)."""
-    return _EVALUATIONS.get((run_dir, step))
+    return _EVALUATIONS.get((run.run_id, step))
 
 
 @contextmanager
-def step_evaluation(run_dir: str, step: int) -> Iterator[StepEvaluation]:
+def step_evaluation(run: Run, step: int) -> Iterator[StepEvaluation]:
     """The step's evaluation while the block runs, each candidate a task of the flow's task runner."""
-    run = Run.open(Path(run_dir))
     runner = run.config.evaluation.runner
     candidate_task = evaluate_candidate.with_options(retries=run.config.evaluation.retries)
 
@@ -90,8 +88,8 @@ def step_evaluation(run_dir: str, step: int) -> Iterator[StepEvaluation]:
         with resource_request(runner, job.resources):
             return candidate_task.submit(job)
 
-    _EVALUATIONS[(run_dir, step)] = evaluation = StepEvaluation(run.root, step, submit)
+    _EVALUATIONS[(run.run_id, step)] = evaluation = StepEvaluation(run, step, submit)
     try:
         yield evaluation
     finally:
-        _EVALUATIONS.pop((run_dir, step), None)
+        _EVALUATIONS.pop((run.run_id, step), None)

@@ -10,13 +10,13 @@ from __future__ import annotations
 import contextlib
 import logging
 from functools import partial
-from pathlib import Path
 
 from prefect import flow
 from prefect.artifacts import create_table_artifact
 from prefect.context import FlowRunContext
 
 from discover.reevaluation import reevaluate_run, table_rows
+from discover.run import Run
 
 log = logging.getLogger("discover")
 
@@ -40,7 +40,7 @@ def reevaluate(run_dir: str, top_k: int = 5, gpu_limit: str | None = None) -> st
         from prefect.concurrency.sync import concurrency
 
         slot = partial(concurrency, gpu_limit, occupy=1, strict=True)
-    rows, out = reevaluate_run(Path(run_dir), top_k, pool, slot)
+    rows, out = reevaluate_run(Run.open(run_dir), top_k, pool, slot)
     create_table_artifact(
         table_rows(rows),
         key="reevaluation-" + "".join(c if c.isalnum() else "-" for c in pool.lower()),

@@ -9,11 +9,10 @@ from prefect import flow
 
 from discover import steps
 from discover.config import RunConfig, load_config  # RunConfig at run time: Prefect validates the parameter
-from discover.run import TASKS, Run
+from discover.run import Run
 from flows import artifacts, tasks
 from flows.engines import evaluation_engine
 from flows.step_flow import discovery_step
-from storage.manifest import finished_steps
 
 log = logging.getLogger("discover")
 
@@ -45,23 +44,21 @@ def discovery_run(run_dir: str | None = None, config: RunConfig | None = None, c
     finished (`discover run` creates the run directory itself and passes `run_dir` alone); inside
     it, the tasks that finished come from Prefect's cache.
     """
-    run_dir = _run_dir(run_dir, config, config_path)
-    tasks.initialise(run_dir)  # also on resume: a run killed while initialising finishes it first
-    run = Run.open(run_dir)
-    config_ = run.config
-    start = finished_steps(run.layout.manifest, TASKS)
+    run = Run.open(_run_dir(run_dir, config, config_path))
+    tasks.initialise(run)  # also on resume: a run killed while initialising finishes it first
+    start, steps_ = run.finished_steps(), run.config.steps
     if start:
-        log.info("resuming %s at step %d of %d", run_dir, start, config_.steps)
-    if start < config_.steps:
-        with evaluation_engine(config_) as task_runner:  # a local cluster lives as long as the run
-            for step in range(start, config_.steps):
-                log.info("step %d/%d", step + 1, config_.steps)
-                discovery_step.with_options(task_runner=task_runner())(run_dir, step)
-                _quietly(artifacts.publish_step, run_dir, step)
-    report = _quietly(artifacts.publish_report, run_dir)
-    best = steps.best_state(Path(run_dir))
+        log.info("resuming %s at step %d of %d", run.root, start, steps_)
+    if start < steps_:
+        with evaluation_engine(run) as task_runner:  # a local cluster lives as long as the run
+            for step in range(start, steps_):
+                log.info("step %d/%d", step + 1, steps_)
+                discovery_step.with_options(task_runner=task_runner())(str(run.root), step)
+                _quietly(artifacts.publish_step, run, step)
+    report = _quietly(artifacts.publish_report, run)
+    best = steps.best_state(run)
     log.info("best state %s: reward %.6f", best.id, best.reward)
-    return {"run_dir": run_dir, "best_state": best.id, "best_reward": best.reward, "report": str(report) if report else None}
+    return {"run_dir": str(run.root), "best_state": best.id, "best_reward": best.reward, "report": str(report) if report else None}
 
 
 def _quietly(fn, *args):

@@ -1,8 +1,10 @@
 """Prefect tasks: each calls one function of discover/steps.py and passes references.
 
-Cache keys come from flows/cache.py (the task's source, the code its step function runs, the run
-id, the step and the hashes of exactly the files the task reads). Retries are for infrastructure only:
-a candidate's own failure is a reward of 0 inside `evaluate`, never an exception.
+Each takes the opened run (`Run`, opened once by the flow that calls it) and the step. The step
+flow does not call a task the manifest records as finished (flows/step_flow.py); for the others,
+cache keys come from flows/cache.py (the task's source, the code its step function runs, the run
+id, its redo epoch, the step and the hashes of exactly the files the task reads). Retries are for
+infrastructure only: a candidate's own failure is a reward of 0 inside `evaluate`, never an exception.
 
 With overlap, `generate` hands each rollout to the step's evaluation (flows/evaluation.py) as it
 is finished; `evaluate` waits for the last candidate and writes the step's table.
@@ -14,13 +16,12 @@ import os
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from pathlib import Path
 from typing import Any
 
 from prefect import task
 
 from discover import steps
-from discover.run import TASKS, Run
+from discover.run import TASKS, Ref, Run
 from flows.cache import step_cache_policy
 from flows.evaluation import GPU_LIMIT_ENV, current_evaluation, retry_infrastructure_only
 from storage.manifest import record_task
@@ -41,11 +42,10 @@ def _seed_gpu_slots(run: Run) -> AbstractContextManager[Any]:
     return concurrency(limit, occupy=run.config.sandbox.concurrency, strict=True)
 
 
-def _run_step(name: str, run_dir: str, step: int, **kwargs: Any) -> dict[str, str]:
+def _run_step(name: str, run: Run, step: int, **kwargs: Any) -> Ref:
     """Call `discover.steps.<name>` and record it in the run's manifest."""
-    run = Run.open(Path(run_dir))
     started = time.time()
-    ref = getattr(steps, name)(Path(run_dir), step, **kwargs)
+    ref = getattr(steps, name)(run, step, **kwargs)
     record_task(run.layout.manifest, step, name, ref, started, time.time())
     return ref
 
@@ -62,34 +62,38 @@ def _step_task(name: str) -> Callable[[Callable[..., Any]], Any]:
 
 
 @_step_task(SELECT_PARENTS)
-def select_parents(run_dir: str, step: int) -> dict[str, str]:
-    return _run_step(SELECT_PARENTS, run_dir, step)
+def select_parents(run: Run, step: int) -> Ref:
+    """Choose the step's start states and build their contexts."""
+    return _run_step(SELECT_PARENTS, run, step)
 
 
 @_step_task(GENERATE)
-def generate(run_dir: str, step: int, overlap: bool = False) -> dict[str, str]:
-    """With `overlap`, each rollout starts evaluating as soon as it is finished (`step_evaluation`)."""
-    evaluation = current_evaluation(run_dir, step) if overlap else None
-    return _run_step(GENERATE, run_dir, step, on_rollout=evaluation.add if evaluation is not None else None)
+def generate(run: Run, step: int, overlap: bool = False) -> Ref:
+    """Sample the rollouts; with `overlap`, each starts evaluating as soon as it is finished (`step_evaluation`)."""
+    evaluation = current_evaluation(run, step) if overlap else None
+    return _run_step(GENERATE, run, step, on_rollout=evaluation.add if evaluation is not None else None)
 
 
 @_step_task(EVALUATE)
-def evaluate(run_dir: str, step: int) -> dict[str, str]:
-    return _run_step(EVALUATE, run_dir, step, evaluation=current_evaluation(run_dir, step))
+def evaluate(run: Run, step: int) -> Ref:
+    """Score every rollout's candidate in the problem's sandbox."""
+    return _run_step(EVALUATE, run, step, evaluation=current_evaluation(run, step))
 
 
 @_step_task(UPDATE_ARCHIVE)
-def update_archive(run_dir: str, step: int) -> dict[str, str]:
-    return _run_step(UPDATE_ARCHIVE, run_dir, step)
+def update_archive(run: Run, step: int) -> Ref:
+    """Add the step's best children to the archive."""
+    return _run_step(UPDATE_ARCHIVE, run, step)
 
 
 @_step_task(TRAIN)
-def train(run_dir: str, step: int) -> dict[str, str]:
-    return _run_step(TRAIN, run_dir, step)
+def train(run: Run, step: int) -> Ref:
+    """One optimizer step of the LoRA policy."""
+    return _run_step(TRAIN, run, step)
 
 
 @task(name="initialise", retries=1, retry_delay_seconds=10, retry_condition_fn=retry_infrastructure_only)
-def initialise(run_dir: str) -> dict[str, Any]:
+def initialise(run: Run) -> dict[str, Ref]:
     """The run's seeds and initial adapter, each written once (idempotent; runs on every resume)."""
-    with _seed_gpu_slots(Run.open(Path(run_dir))):
-        return steps.initialise(Path(run_dir))
+    with _seed_gpu_slots(run):
+        return steps.initialise(run)

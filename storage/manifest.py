@@ -1,12 +1,18 @@
-"""The run manifest: which task of which step finished, its output and how long it took.
+"""The run manifest: which task of which step finished, its output and how long it took; every
+time a task really ran (`executions`); and each recomputation asked for (`redos`).
 
-Storage knows no task names: discover/run.py owns them (`TASKS`) and passes them in."""
+Storage knows no task names: discover/run.py owns them (`TASKS`) and the rules around them.
+
+    {"tasks": {"<step>/<task>": {"step", "task", "output": {"path", "sha256"}, "started", "finished"}},
+     "executions": [{"step", "task", "finished"}, ...],
+     "redos": [{"from_step", "at", "note"}, ...]}      (absent until the first redo)
+"""
 
 from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Sequence
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,23 +27,33 @@ def read_manifest(path: Path) -> dict[str, Any]:
     return json.loads(Path(path).read_text())
 
 
-def record_task(path: Path, step: int, task: str, ref: dict[str, str], started: float, finished: float) -> None:
-    """Mark `task` of `step` finished (atomic read-modify-write; tasks of a run run one at a time)."""
+def record_task(path: Path, step: int, task: str, ref: dict[str, str], started: float, finished: float, executed: bool = True) -> None:
+    """Mark `task` of `step` finished (atomic read-modify-write; tasks of a run run one at a time).
+
+    `executions` lists the times a task really ran; a result that came from a cache is recorded as
+    finished with `executed=False` and adds no execution."""
     with _lock:
         manifest = read_manifest(path)
         entry = {"step": step, "task": task, "output": ref, "started": started, "finished": finished}
         manifest["tasks"][f"{step}/{task}"] = entry
-        manifest["executions"].append({"step": step, "task": task, "finished": finished})
+        if executed:
+            manifest["executions"].append({"step": step, "task": task, "finished": finished})
         atomic_write_json(path, manifest)
 
 
-def finished_steps(path: Path, tasks: Sequence[str]) -> int:
-    """How many leading steps have every one of `tasks` finished: the first unfinished step's number."""
-    done = read_manifest(path)["tasks"]
-    step = 0
-    while all(f"{step}/{t}" in done for t in tasks):
-        step += 1
-    return step
+def forget_steps(path: Path, first: int, note: str = "") -> None:
+    """Forget the finished tasks of `first` and every later step (the executions stay) and record
+    the redo in `redos`, whose length is the redo epoch."""
+    with _lock:
+        manifest = read_manifest(path)
+        manifest["tasks"] = {k: v for k, v in manifest["tasks"].items() if int(v["step"]) < first}
+        manifest.setdefault("redos", []).append({"from_step": first, "at": time.time(), "note": note})
+        atomic_write_json(path, manifest)
+
+
+def redo_epoch(path: Path) -> int:
+    """How many times the run's steps were recomputed on purpose (0 for a manifest without redos)."""
+    return len(read_manifest(path).get("redos", []))
 
 
 def task_entry(path: Path, step: int, task: str) -> dict[str, Any] | None:

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from discover.report import write_report
+from discover.run import Run
 from evaluators.algorithms.ahc039 import judge as judge039
 from evaluators.algorithms.cases import public_inputs
 from tests.conftest import archive_records as read_archive
@@ -83,7 +84,7 @@ def test_two_steps_of_each_atcoder_problem_keep_the_seeds(tmp_path: Path, cli_en
     assert [row[:2] for row in seeds["ahc039"]["construction"]["cases"]] == [[c, "AC"] for c in range(5)]
     assert seeds["ahc058"]["code"] == "" and seeds["ahc058"]["reward"] == 0.0
 
-    report = write_report(tmp_path / "ahc039").read_text()
+    report = write_report(Run.open(tmp_path / "ahc039")).read_text()
     assert "## Per-case results of the best program" in report
     for c in range(5):
         score = judge039(public_inputs("ahc039")[c], RECTANGLE).score

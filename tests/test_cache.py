@@ -21,9 +21,9 @@ def step0_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_cache: Path) 
     """A toy run initialised and taken through step 0, so every input of step 0's tasks exists."""
     config = parse_config(tiny_toy_config(tmp_path_factory.mktemp("cache") / "run", steps=1))
     run = steps.create_run(config)
-    steps.initialise(run.root)
+    steps.initialise(run)
     for name in TASKS:
-        getattr(steps, name)(run.root, 0)
+        getattr(steps, name)(run, 0)
     return run.root
 
 
@@ -35,7 +35,7 @@ def run(step0_run: Path, tmp_path: Path) -> Run:
 
 
 def _key(name: str, run: Run, step: int = 0) -> str:
-    return step_cache_policy(name).compute_key(task_ctx=None, inputs={"run_dir": str(run.root), "step": step}, flow_parameters={})
+    return step_cache_policy(name).compute_key(task_ctx=None, inputs={"run": run, "step": step}, flow_parameters={})
 
 
 def _touch(path: Path) -> None:
@@ -89,7 +89,8 @@ def test_a_task_whose_inputs_are_unchanged_is_not_run_again(run: Run, prefect_ap
 
     @flow
     def select_once(run_dir: str) -> dict:
-        return tasks.select_parents.with_options(result_storage=result_storage(run_dir), result_serializer="json")(run_dir, 0)
+        opened = Run.open(run_dir)
+        return tasks.select_parents.with_options(result_storage=result_storage(opened), result_serializer="json")(opened, 0)
 
     def executions() -> int:
         return sum(1 for e in read_manifest(run.layout.manifest)["executions"] if e["task"] == "select_parents")

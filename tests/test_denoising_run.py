@@ -52,8 +52,9 @@ def test_two_steps_keep_the_magic_seed_with_its_reward(tmp_path: Path, long_cont
     assert (run_dir / "steps" / "0001" / "evaluations.parquet").is_file()
 
     from discover.report import write_report
+    from discover.run import Run
 
-    report = write_report(run_dir).read_text()
+    report = write_report(Run.open(run_dir)).read_text()
     assert "## Denoising: the best program against the baselines" in report
     for method in ("MAGIC seed" if last[0]["id"] != seed["id"] else "best state seed-0", "no denoising", "ALRA", "perfect"):
         assert method in report

@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from discover.run import Run
 from tests.conftest import archive_records, tiny_toy_config
 
 pytestmark = pytest.mark.slow
@@ -128,8 +129,8 @@ def test_the_local_cluster_listens_on_loopback_only(tmp_path: Path) -> None:
     from discover.config import parse_config
     from flows.engines import evaluation_engine
 
-    config = parse_config(_config(tmp_path / "run", runner="dask", workers=2))
-    with evaluation_engine(config):
+    run = Run.create(parse_config(_config(tmp_path / "run", runner="dask", workers=2)))
+    with evaluation_engine(run):
         procs = [psutil.Process(), *psutil.Process().children(recursive=True)]
         sockets = [c.laddr for p in procs for c in p.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
     assert len(sockets) >= 3  # a scheduler and two workers at least
@@ -143,7 +144,7 @@ def test_an_existing_dask_cluster_must_offer_what_a_candidate_needs(tmp_path: Pa
     from flows.engines import evaluation_engine
 
     def engine(address: str):
-        return evaluation_engine(parse_config(_config(tmp_path / "run", runner="dask", address=address)))
+        return evaluation_engine(Run.create(parse_config(_config(tmp_path / "run", runner="dask", address=address))))
 
     common = {
         "n_workers": 1,

@@ -25,9 +25,9 @@ def generated(tmp_path_factory: pytest.TempPathFactory, tiny_model_cache: Path) 
     """A toy run initialised and taken through step 0's generation."""
     config = parse_config(tiny_toy_config(tmp_path_factory.mktemp("evaluation") / "run", steps=1))
     run = steps.create_run(config)
-    steps.initialise(run.root)
-    steps.select_parents(run.root, 0)
-    steps.generate(run.root, 0)
+    steps.initialise(run)
+    steps.select_parents(run, 0)
+    steps.generate(run, 0)
     return run.root
 
 
@@ -54,7 +54,7 @@ def _with_answers(rollouts: list[Rollout], answers: list[str]) -> list[Rollout]:
 
 def test_the_table_matches_scoring_every_rollout_directly(run: Run) -> None:
     rollouts = read_rollouts(run.layout.rollouts(0))
-    steps.evaluate(run.root, 0)
+    steps.evaluate(run, 0)
     evaluations = read_evaluations(run.layout.evaluations(0))
     problem, archive = run.problem(), load_archive(run.layout.archive(0))
     assert [(e.group, e.index) for e in evaluations] == [(r.group, r.index) for r in rollouts]
@@ -81,28 +81,28 @@ def test_a_program_seen_twice_in_a_step_is_evaluated_once_and_a_stored_one_never
     rollouts = _with_answers(rollouts, answers)
     with thread_pool(2) as submit:
         counting = Counting(submit)
-        first = StepEvaluation(run.root, 0, counting).collect(rollouts)
+        first = StepEvaluation(run, 0, counting).collect(rollouts)
     assert sorted(j.candidate for j in counting.jobs) == ["1234", "55", "7"]  # "1234 again" parses to 1234
-    assert len(StepEvaluation(run.root, 0, counting).store.keys()) == 3
+    assert len(StepEvaluation(run, 0, counting).store.keys()) == 3
     assert first[0].reward == first[1].reward == first[4].reward and first[3].reason == NO_CANDIDATE
 
     with thread_pool(2) as submit:  # a resumed step: everything is stored, nothing runs
         again = Counting(submit)
-        second = StepEvaluation(run.root, 0, again).collect(rollouts)
+        second = StepEvaluation(run, 0, again).collect(rollouts)
     assert again.jobs == [] and second == first
 
 
 def test_a_step_resumes_with_only_the_unfinished_candidates(run: Run) -> None:
     rollouts = _with_answers(read_rollouts(run.layout.rollouts(0)), [str(1000 + i) for i in range(8)])
     with thread_pool(2) as submit:
-        partial = StepEvaluation(run.root, 0, submit)
+        partial = StepEvaluation(run, 0, submit)
         for r in rollouts[:3]:  # three candidates come back, then the step dies
             partial.add(r)
         while partial._pending:
             partial._drain(timeout=5)
     with thread_pool(2) as submit:
         counting = Counting(submit)
-        StepEvaluation(run.root, 0, counting).collect(rollouts)
+        StepEvaluation(run, 0, counting).collect(rollouts)
     assert sorted(j.candidate for j in counting.jobs) == [str(1000 + i) for i in range(3, 8)]
 
 
@@ -115,7 +115,7 @@ def test_a_failed_evaluation_is_named_and_the_others_are_kept(run: Run) -> None:
         return run_job(job)
 
     with ThreadPoolExecutor(2) as pool:
-        session = StepEvaluation(run.root, 0, lambda job: pool.submit(flaky, job))
+        session = StepEvaluation(run, 0, lambda job: pool.submit(flaky, job))
         with pytest.raises(RuntimeError, match=r"1 candidates of step 0 could not be evaluated.*s0000-g01-r001.*Docker engine"):
             session.collect(rollouts)
     assert len(session.store.keys()) == 7

@@ -206,7 +206,6 @@ def test_two_step_erdos_run_with_vllm_and_the_trainer(model_dir, tmp_path):
     from safetensors.torch import load_file
 
     from discover import steps
-    from discover.run import Run
 
     run_dir = tmp_path / "run"
     cfg = parse_config(
@@ -221,12 +220,12 @@ def test_two_step_erdos_run_with_vllm_and_the_trainer(model_dir, tmp_path):
             "sandbox": {"backend": "process", "concurrency": 2},
         }
     )
-    steps.create_run(cfg)
-    steps.initialise(run_dir)
+    run = steps.create_run(cfg)
+    steps.initialise(run)
     for step in (0, 1):
         for task in ("select_parents", "generate", "evaluate", "update_archive", "train"):
-            getattr(steps, task)(run_dir, step)
-    layout = Run.open(run_dir).layout
+            getattr(steps, task)(run, step)
+    layout = run.layout
     stats = [json.loads(layout.train_stats(s).read_text()) for s in (0, 1)]
     print(f"\nstep 0: mean |sampler - learner| log-prob gap {stats[0]['logprob_gap']:.4g}, mean ratio {stats[0]['mean_ratio']:.4f}")
     print(f"step 1: mean |sampler - learner| log-prob gap {stats[1]['logprob_gap']:.4g}")

@@ -109,12 +109,12 @@ def test_a_run_step_with_a_candidate_that_breaks_the_judge_finishes_and_stores_i
     monkeypatch.setattr(DigitsProblem, "evaluate", evaluate)
     config = parse_config(tiny_toy_config(tmp_path / "run", steps=1, problem_options={"lenient": True}))
     run = steps.create_run(config)
-    steps.initialise(run.root)
-    steps.select_parents(run.root, 0)
-    steps.generate(run.root, 0)
-    steps.evaluate(run.root, 0)
-    steps.update_archive(run.root, 0)
-    steps.train(run.root, 0)
+    steps.initialise(run)
+    steps.select_parents(run, 0)
+    steps.generate(run, 0)
+    steps.evaluate(run, 0)
+    steps.update_archive(run, 0)
+    steps.train(run, 0)
 
     evaluations = read_evaluations(run.layout.evaluations(0))
     broken = [e for e in evaluations if e.code[:1] in "13579" and e.code]
@@ -129,7 +129,7 @@ def test_a_run_step_with_a_candidate_that_breaks_the_judge_finishes_and_stores_i
 
     judged.clear()  # a resumed step: the stored verdicts are read back, nothing is judged again
     run.layout.evaluations(0).unlink()
-    steps.evaluate(run.root, 0)
+    steps.evaluate(run, 0)
     assert judged == []
     again = read_evaluations(run.layout.evaluations(0))
     assert [dataclasses.astuple(e) for e in again] == [dataclasses.astuple(e) for e in evaluations]

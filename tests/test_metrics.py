@@ -15,10 +15,9 @@ import pytest
 
 from discover import metrics, steps
 from discover.config import parse_config
-from discover.run import TASKS, load_archive, read_evaluations
+from discover.run import TASKS, Run, load_archive, read_evaluations
 from discover.status import step_rows, step_summaries
 from evaluators.toy.digits import DigitsProblem
-from storage.layout import RunLayout
 from storage.manifest import record_task
 from tests.conftest import REPO, tiny_toy_config
 
@@ -38,11 +37,11 @@ def _digits(self, result):
     return {"digits": float(len(result.construction or ""))}
 
 
-def _run_task(run_dir: Path, step: int, task: str) -> None:
+def _run_task(run: Run, step: int, task: str) -> None:
     """One task, recorded in the manifest as the flow records it."""
     t0 = time.time()
-    ref = getattr(steps, task)(run_dir, step)
-    record_task(RunLayout(run_dir).manifest, step, task, ref, t0, time.time())
+    ref = getattr(steps, task)(run, step)
+    record_task(run.layout.manifest, step, task, ref, t0, time.time())
 
 
 @pytest.fixture(scope="module")
@@ -51,26 +50,26 @@ def toy_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_cache: Path) ->
     step 2 stopped after generating."""
     run_dir = tmp_path_factory.mktemp("metrics") / "run"
     config = parse_config(tiny_toy_config(run_dir, steps=3, problem_options={"lenient": True}, metrics={"tensorboard": True}))
-    steps.create_run(config)
-    steps.initialise(run_dir)
+    run = steps.create_run(config)
+    steps.initialise(run)
     for step in (0, 1):
         for task in TASKS:
-            _run_task(run_dir, step, task)
+            _run_task(run, step, task)
     for task in TASKS[:2]:
-        _run_task(run_dir, 2, task)
+        _run_task(run, 2, task)
     return run_dir
 
 
 @pytest.fixture
-def run(toy_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def run(toy_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Run:
     """A fresh copy of that run for each test, with the toy problem summarising its verdicts."""
     monkeypatch.setattr(DigitsProblem, "summary_metrics", _digits)
     shutil.copytree(toy_run, tmp_path / "run")
-    return tmp_path / "run"
+    return Run.open(tmp_path / "run")
 
 
-def test_the_record_holds_every_figure_of_the_step_under_its_namespace(run: Path) -> None:
-    layout = RunLayout(run)
+def test_the_record_holds_every_figure_of_the_step_under_its_namespace(run: Run) -> None:
+    layout = run.layout
     record = metrics.step_metrics(run, 0)
     assert FIXED_KEYS <= set(record)
     assert {"train/loss", "train/beta_mean", "train/beta_min", "train/beta_max", "train/kl", "train/seconds"} <= set(record)
@@ -97,7 +96,7 @@ def test_the_record_holds_every_figure_of_the_step_under_its_namespace(run: Path
     assert not any(k.startswith(("train/", "problem/")) for k in unfinished)
 
 
-def test_publishing_keeps_the_finished_steps_records_and_writes_tensorboard_once(run: Path) -> None:
+def test_publishing_keeps_the_finished_steps_records_and_writes_tensorboard_once(run: Run) -> None:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     records = dict(metrics.publish_metrics(run, 1))
@@ -122,7 +121,7 @@ def test_publishing_keeps_the_finished_steps_records_and_writes_tensorboard_once
     assert len(list(logdir.glob("events.out.tfevents.*"))) == 1
 
 
-def test_status_and_the_report_read_the_kept_record(run: Path) -> None:
+def test_status_and_the_report_read_the_kept_record(run: Run) -> None:
     from discover.report import write_report
 
     metrics.publish_metrics(run, 1)
@@ -130,8 +129,8 @@ def test_status_and_the_report_read_the_kept_record(run: Path) -> None:
     record = json.loads(path.read_text())
     record |= {"reward/best": 0.123456, "train/beta_mean": 7.0, "train/beta_min": 6.0, "train/beta_max": 8.0, "time/generate": 42.0}
     path.write_text(json.dumps(record))
-    rows, config = step_summaries(run)
-    assert config.problem == "toy" and [r[0] for r in rows] == ["0", "1", "2"]
+    rows = step_summaries(run)
+    assert run.config.problem == "toy" and [r[0] for r in rows] == ["0", "1", "2"]
     assert rows[0][1] == "0.1235" and rows[0][4] == "7 (6–8)" and rows[0][6] == "42.0s"
     assert rows[2][4] == "–" and rows[2][-1] == "–"  # step 2 has not trained
     assert step_rows(run)[0] == {"step": 0, **record}
@@ -141,8 +140,8 @@ def test_status_and_the_report_read_the_kept_record(run: Path) -> None:
 def test_a_run_of_the_previous_version_gets_its_records_computed_and_kept(tmp_path: Path) -> None:
     """The v1 fixture run has no metrics.json and no metrics section: its records are computed on
     the fly, kept when next published, and TensorBoard stays off."""
-    run = tmp_path / "run"
-    shutil.copytree(REPO / "tests" / "fixtures" / "v1-runs" / "complete", run)
+    shutil.copytree(REPO / "tests" / "fixtures" / "v1-runs" / "complete", tmp_path / "run")
+    run = Run.open(tmp_path / "run")
     computed = metrics.run_metrics(run)
     assert [s for s, _ in computed] == [0, 1, 2] and not metrics.metrics_path(run, 0).exists()
     assert dict(metrics.publish_metrics(run, 2)) == dict(computed)
@@ -150,7 +149,7 @@ def test_a_run_of_the_previous_version_gets_its_records_computed_and_kept(tmp_pa
     assert not metrics.tensorboard_dir(run).exists()
 
 
-def test_publish_step_writes_the_records_before_the_artifacts(run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_publish_step_writes_the_records_before_the_artifacts(run: Run, monkeypatch: pytest.MonkeyPatch) -> None:
     from flows import artifacts
 
     calls = []
@@ -161,7 +160,7 @@ def test_publish_step_writes_the_records_before_the_artifacts(run: Path, monkeyp
 
     monkeypatch.setattr(artifacts, "create_table_artifact", table)
     monkeypatch.setattr(artifacts, "create_image_artifact", lambda *a, **k: calls.append(("image", None)))
-    artifacts.publish_step(str(run), 1)
+    artifacts.publish_step(run, 1)
     assert [c[0] for c in calls] == ["table", "image"]
     rows = calls[0][1]
     assert [r["step"] for r in rows] == [0, 1, 2]

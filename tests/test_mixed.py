@@ -12,7 +12,7 @@ from discover.archive import Archive, State
 from discover.config import ConfigError, parse_config
 from discover.mixed import NEIGHBOURHOOD_INSTRUCTION, best_past_rollouts, neighbourhood_prompt, slot_counts
 from discover.records import Rollout
-from discover.run import Run, load_archive, read_rollouts
+from discover.run import load_archive, read_rollouts
 from storage.tables import write_records
 from tests.conftest import tiny_toy_config
 
@@ -62,14 +62,13 @@ def test_best_past_rollouts_are_those_of_the_best_non_seed_states(tmp_path: Path
 
 def test_a_mixed_step_fills_each_group_with_three_kinds_of_completion(tmp_path: Path) -> None:
     config = parse_config(tiny_toy_config(tmp_path / "run", rollouts_per_group=4, mixed={"greedy": 1, "neighbourhood": 1}))
-    run_dir = Path(config.run_dir)
-    steps.create_run(config)
-    steps.initialise(run_dir)
+    run = steps.create_run(config)
+    steps.initialise(run)
     for task in (steps.select_parents, steps.generate, steps.evaluate, steps.update_archive, steps.train):
-        task(run_dir, 0)
-    steps.select_parents(run_dir, 1)
-    steps.generate(run_dir, 1)
-    layout = Run.open(run_dir).layout
+        task(run, 0)
+    steps.select_parents(run, 1)
+    steps.generate(run, 1)
+    layout = run.layout
     archive = load_archive(layout.archive(1))
     if all(s.is_seed for s in archive.states.values()):
         pytest.skip("no valid child at step 0 with this seed: nothing to mix")

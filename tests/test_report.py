@@ -14,7 +14,7 @@ from discover.config import dump_config, parse_config
 from discover.records import Evaluation, Rollout
 from discover.reevaluation import reevaluate_states, write_reevaluation
 from discover.report import step_rows, write_report
-from discover.run import TASKS, save_archive
+from discover.run import TASKS, Run, save_archive
 from evaluators.toy.digits import DigitsProblem
 from storage.atomic import atomic_write_json, atomic_write_text
 from storage.layout import RunLayout
@@ -95,7 +95,7 @@ def run_dir(tmp_path: Path) -> Path:
 
 
 def test_step_rows_are_the_steps_metrics_records(run_dir: Path) -> None:
-    rows = step_rows(run_dir)
+    rows = step_rows(Run.open(run_dir))
     assert [r["step"] for r in rows] == [0, 1]
     assert rows[1]["reward/best"] == pytest.approx(max(_state("b", "a", 1, "12345678", ()).reward, rows[0]["reward/best"]))
     assert rows[0]["reward/valid_fraction"] == 0.5 and rows[0]["tokens/completion"] == 6 and rows[0]["train/beta_mean"] == 2.5
@@ -131,7 +131,7 @@ def test_report_renders_the_problems_sections(run_dir: Path, monkeypatch: pytest
         return [ReportSection("Digits of the best states", "One row per state.", rows, ("reward", "state")), ReportSection("Empty")]
 
     monkeypatch.setattr(DigitsProblem, "report_sections", sections)
-    text = write_report(run_dir).read_text()
+    text = write_report(Run.open(run_dir)).read_text()
     rewards = [s.reward for s in seen[0]]
     assert len(seen[0]) == 3 and seen[0][0].id == "s0001-g00-r001" and rewards == sorted(rewards, reverse=True)
     assert isinstance(seen[0][0], State)
@@ -156,11 +156,11 @@ def test_reevaluation_rescores_the_best_states_and_writes_the_table(run_dir: Pat
         def __exit__(self, *exc):
             return False
 
-    rows = reevaluate_states(run_dir, 5, "gpu-test", Slot)
+    rows = reevaluate_states(Run.open(run_dir), 5, "gpu-test", Slot)
     assert [r.state_id for r in rows] == ["s0001-g00-r001", "s0000-g00-r000"]  # seeds are not re-scored
     assert all(r.valid and r.reward == pytest.approx(r.archived_reward) for r in rows)
     assert len(held) == 2  # one slot held per candidate
     out = write_reevaluation(run_dir, rows, "gpu-test", when=0.0)
     assert out == run_dir / "reevaluations" / "19700101T000000Z-gpu-test.parquet"
     assert pq.read_table(out).num_rows == 2 and "gpu-test" in out.with_suffix(".md").read_text()
-    assert "Re-evaluations" in write_report(run_dir).read_text()
+    assert "Re-evaluations" in write_report(Run.open(run_dir)).read_text()

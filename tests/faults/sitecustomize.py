@@ -35,12 +35,13 @@ HOLD = os.environ.get("DISCOVER_HOLD_AT", "")
 EVAL_LOG = os.environ.get("DISCOVER_EVAL_LOG", "")
 
 
-def _at(name: str, step: int, phase: str, run_dir: object = None) -> None:
+def _at(name: str, step: int, phase: str, run: object = None) -> None:
+    """`run`: the opened run (discover.run.Run) the step functions take."""
     point = f"{name}:{step}:{phase}"
     if CRASH == point:
         os.killpg(os.getpgrp(), signal.SIGKILL)
-    if HOLD == point and run_dir is not None:
-        (Path(str(run_dir)) / ".held").write_text(f"{name}:{step}:{os.getpid()}\n")
+    if HOLD == point and run is not None:
+        (Path(str(run.root)) / ".held").write_text(f"{name}:{step}:{os.getpid()}\n")
         time.sleep(600)
 
 
@@ -53,10 +54,10 @@ def _wrap_task(steps, name: str) -> None:
     original = getattr(steps, name)
 
     @functools.wraps(original)  # the cache key hashes the unwrapped source: keys are unchanged
-    def wrapped(run_dir, step, **kwargs):
-        _at(name, int(step), "start", run_dir)
-        ref = original(run_dir, step, **kwargs)
-        _at(name, int(step), "end", run_dir)
+    def wrapped(run, step, **kwargs):
+        _at(name, int(step), "start", run)
+        ref = original(run, step, **kwargs)
+        _at(name, int(step), "end", run)
         return ref
 
     setattr(steps, name, wrapped)
@@ -77,9 +78,9 @@ def _install() -> None:
         return run
 
     @functools.wraps(initialise)
-    def init(run_dir):
-        _at("initialise", 0, "start", run_dir)
-        return initialise(run_dir)
+    def init(run):
+        _at("initialise", 0, "start", run)
+        return initialise(run)
 
     @functools.wraps(save_archive)
     def save(path, archive):
