@@ -6,8 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
+import typer.core
+import typer.main
 from typer.testing import CliRunner
 
+import cli.app
 from cli.app import app
 from evaluators.registry import problem_names
 
@@ -83,3 +86,12 @@ def test_evaluate_gives_reward_zero_and_the_reason_for_a_failing_program(tmp_pat
 def test_status_of_a_folder_that_is_no_run(tmp_path: Path) -> None:
     result = _invoke("status", str(tmp_path))
     assert result.exit_code == 2 and "not a run directory" in result.output
+
+
+def test_the_cli_module_docstring_names_every_command() -> None:
+    group = typer.main.get_command(app)
+    assert isinstance(group, typer.core.TyperGroup)
+    commands = list(group.commands)
+    assert "judge" in commands and "config-doc" in commands
+    missing = [name for name in commands if f"`{name}`" not in (cli.app.__doc__ or "")]
+    assert not missing, f"cli/app.py's docstring does not name the commands {missing}"
