@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from cli.app import app
 from evaluators.registry import problem_names
 
 runner = CliRunner()
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _invoke(*args: str):
@@ -81,6 +83,36 @@ def test_evaluate_gives_reward_zero_and_the_reason_for_a_failing_program(tmp_pat
     out = json.loads(result.output)
     assert result.exit_code == 1 and out["reward"] == 0.0 and "boom" in out["reason"]
     assert "--sandbox must be one of" in _invoke("evaluate", "erdos", str(program), "--sandbox", "vm").output
+
+
+@pytest.mark.parametrize("option", [["--cases", "0-2"], ["--keep-going"]])
+def test_evaluate_refuses_case_options_for_a_problem_without_test_cases(tmp_path: Path, option: list[str]) -> None:
+    program = tmp_path / "candidate.py"
+    program.write_text("def construct(parent):\n    return [0.5] * 50\n")
+    result = _invoke("evaluate", "erdos", str(program), "--sandbox", "process", *option)
+    assert result.exit_code == 2
+    assert "--cases and --keep-going apply to problems with test cases; problem 'erdos' has none" in result.output
+
+
+def test_judge_refuses_a_problem_without_an_output_judge(tmp_path: Path) -> None:
+    output = tmp_path / "out.txt"
+    output.write_text("1\n")
+    result = _invoke("judge", "erdos", "0", str(output))
+    assert result.exit_code == 2 and "problem 'erdos' has no output judge" in result.output
+
+
+def test_the_cli_reaches_problem_domains_only_through_the_problem_protocol() -> None:
+    """No module of cli/ imports a problem domain (a package of evaluators/ other than the sandbox)."""
+    evaluators = ROOT / "evaluators"
+    domains = {p.parent.name for p in evaluators.glob("*/__init__.py")} - {"sandbox"}
+    assert {"algorithms", "math", "toy"} <= domains
+    for path in (ROOT / "cli").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            imported = {n.split(".")[1] for n in names if n.startswith("evaluators.")}
+            assert not imported & domains, f"{path.name} imports the problem domain {sorted(imported & domains)}"
 
 
 def test_status_of_a_folder_that_is_no_run(tmp_path: Path) -> None:
