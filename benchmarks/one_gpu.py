@@ -142,7 +142,9 @@ def main(argv: list[str] | None = None) -> int:
         row["trainer_load_s"] = time.perf_counter() - t
         torch.cuda.reset_peak_memory_stats()
         t = time.perf_counter()
-        stats = policy.train_step(TrainBatch(comps, [1.0 if i % 2 else -1.0 for i in range(len(comps))]), TrainConfig())
+        stats = policy.train_step(
+            TrainBatch(comps, [1.0 if i % 2 else -1.0 for i in range(len(comps))]), TrainConfig(), temperature=settings.temperature
+        )
         torch.cuda.synchronize()
         row["train_s"] = time.perf_counter() - t
         row["train_tokens"] = stats["tokens"]

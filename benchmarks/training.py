@@ -36,7 +36,7 @@ import time
 
 from gpu_common import NEEDS_GPU, gpu_name, has_cuda, peak_bf16_tflops, random_model, table, write_figures
 
-from discover.config import ModelConfig, TrainConfig
+from discover.config import ModelConfig, SamplingConfig, TrainConfig
 from discover.policy.base import Completion, TrainBatch
 
 
@@ -116,14 +116,15 @@ def main(argv: list[str] | None = None) -> int:
     comps = rollouts(args.rollouts, args.prompt_tokens, args.min_completion, args.max_completion, cfg.vocab_size)
     batch = TrainBatch(comps, [1.0 if i % 2 else -1.0 for i in range(len(comps))])
     train = TrainConfig()  # the paper's: lr 4e-5, KL 0.1
+    temperature = SamplingConfig().temperature  # the paper's sampling temperature, 1.0
     warm = TrainBatch(comps[:1], [1.0])
-    policy.train_step(warm, train)  # warm-up: kernels, allocator, optimizer state
+    policy.train_step(warm, train, temperature=temperature)  # warm-up: kernels, allocator, optimizer state
     sync = torch.cuda.synchronize if not cpu else (lambda: None)
     if not cpu:
         torch.cuda.reset_peak_memory_stats()
     sync()
     t0 = time.perf_counter()
-    stats = policy.train_step(batch, train)
+    stats = policy.train_step(batch, train, temperature=temperature)
     sync()
     seconds = time.perf_counter() - t0
     tokens = sum(len(c.prompt_ids) + len(c.completion_ids) for c in comps)

@@ -1,6 +1,6 @@
-"""The `discover` command: run, resume, status, report, config-doc; the problem commands
-(evaluate, verify, plot) live in cli/problems.py and the server operations (setup, crashed) in
-cli/operations.py. An entry point over discover/ and flows/, not part of the learning core."""
+"""The `discover` command: `run`, `resume`, `status`, `report`, `config-doc` here; the problem commands
+(`evaluate`, `judge`, `verify`, `plot`) live in cli/problems.py and the server operations (`setup`,
+`crashed`) in cli/operations.py. An entry point over discover/ and flows/, not part of the learning core."""
 
 from __future__ import annotations
 

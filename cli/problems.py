@@ -31,13 +31,10 @@ def evaluate(
     sandbox: str = typer.Option("auto", "--sandbox", help=f"the sandbox backend: {', '.join(BACKENDS)}"),
     timeout: float | None = typer.Option(None, "--timeout", min=0.001, help="seconds; overrides the problem's time limit"),
     memory_mb: int | None = typer.Option(None, "--memory-mb", min=16, help="MB; overrides the problem's memory limit"),
-    cases: str | None = typer.Option(
-        None, "--cases", help="AtCoder problems: the public cases to run, e.g. 0-9 or 0,5,7-9 (default all 150)"
-    ),
-    keep_going: bool = typer.Option(False, "--keep-going", help="AtCoder problems: run every case even after one fails"),
+    cases: str | None = typer.Option(None, "--cases", help="problems with test cases: the cases to run, e.g. 0-9 or 0,5,7-9 (default all)"),
+    keep_going: bool = typer.Option(False, "--keep-going", help="problems with test cases: run every case even after one fails"),
 ) -> None:
-    """Score one candidate program in the sandbox (AtCoder problems: a progress line per case on stderr)."""
-    from evaluators.algorithms import JUDGES
+    """Score one candidate program in the sandbox (with a progress line per step of a long evaluation, e.g. per case, on stderr)."""
     from evaluators.base import EvalResult
     from evaluators.sandbox import sandbox_for
 
@@ -45,17 +42,20 @@ def evaluate(
         fail(f"--sandbox must be one of {', '.join(BACKENDS)}, got {sandbox!r}")
     if not file.is_file():
         fail(f"no such file: {file}")
-    options: dict = {}
+    p = _load_problem(problem).with_limits(timeout_s=timeout, memory_mb=memory_mb)
     if cases is not None or keep_going:
-        if problem not in JUDGES:
-            fail(f"--cases and --keep-going apply to the AtCoder problems ({', '.join(sorted(JUDGES))}), not {problem!r}")
-        options = {"cases": cases, "stop_at_first_failure": not keep_going}
-    p = _load_problem(problem, **options).with_limits(timeout_s=timeout, memory_mb=memory_mb)
+        if not p.has_cases:
+            fail(f"--cases and --keep-going apply to problems with test cases; problem {problem!r} has none")
+        try:
+            p = p.with_cases(cases, stop_at_first_failure=not keep_going)
+        except ValueError as err:  # a bad selection, e.g. a case that does not exist
+            fail(str(err))
     try:
         box = sandbox_for(p, sandbox)
     except ValueError as err:
         fail(str(err))
-    _show_progress()
+    if p.progress_logger:
+        _show_progress(p.progress_logger)
     text = file.read_text()
     candidate = p.parse(text) or text if p.needs_sandbox else p.parse(text)
     if candidate is None:
@@ -74,29 +74,28 @@ def evaluate(
 
 
 def judge(
-    problem: str = typer.Argument(..., help="ahc039 or ahc058"),
-    input: str = typer.Argument(..., help="an input file, or the number of a public case (0-149)"),
+    problem: str = typer.Argument(..., help="problem id (one with an output judge, such as a contest problem)"),
+    input: str = typer.Argument(..., help="an input file, or the number of one of the problem's test cases"),
     output: Path = typer.Argument(..., help="the program's output for that input"),
     as_json: bool = typer.Option(False, "--json", help="print valid, score and reason as JSON"),
 ) -> None:
     """Judge one output of a contest program for one input, as the contest's judge would (no program runs)."""
-    from evaluators.algorithms import get_judge
-    from evaluators.algorithms.cases import public_inputs
-
-    try:
-        judge_one = get_judge(problem)
-    except KeyError as err:
-        fail(str(err.args[0]))
+    p = _load_problem(problem)
+    if not p.can_judge:
+        fail(f"problem {problem!r} has no output judge; `discover judge` applies to problems that judge one output for one input")
     if Path(input).is_file():
         input_text = Path(input).read_text()
-    elif input.isdigit() and int(input) in public_inputs(problem):
-        input_text = public_inputs(problem)[int(input)]
+    elif input.isdigit() and p.has_cases:
+        try:
+            input_text = p.case_input(int(input))
+        except KeyError as err:
+            fail(f"no such input file: {input}, and {err.args[0]}")
     else:
-        fail(f"no such input file: {input} (or give a public case number, 0-149)")
+        fail(f"no such input file: {input}" + (" (or give the number of a test case)" if p.has_cases else ""))
     if not output.is_file():
         fail(f"no such file: {output}")
     try:
-        verdict = judge_one(input_text, output.read_bytes())
+        verdict = p.judge(input_text, output.read_bytes())
     except ValueError as err:  # the input is not one of this contest's
         fail(f"{input}: {err}")
     if as_json:
@@ -110,14 +109,14 @@ def judge(
         raise typer.Exit(1)
 
 
-def _show_progress() -> None:
-    """Progress lines of long evaluations (one per finished case of an AtCoder program) on stderr."""
+def _show_progress(logger: str) -> None:
+    """The progress lines a problem logs to `logger` (its `progress_logger`, e.g. one per finished case), on stderr."""
     import logging
     import sys
 
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", datefmt="%H:%M:%S"))
-    log = logging.getLogger("discover.algorithms")
+    log = logging.getLogger(logger)
     log.handlers[:] = [handler]
     log.setLevel(logging.DEBUG)
     log.propagate = False

@@ -8,8 +8,11 @@ it; discover/policy/registry.py imports a backend only when `load_policy` builds
 
 from __future__ import annotations
 
-# name -> "module:factory"; the first is the default of `model.backend`
+# name -> "module:factory"
 BACKENDS: dict[str, str] = {
     "transformers": "discover.policy.transformers_backend:load",
     "vllm": "discover.policy.vllm_backend:load",
 }
+
+# the default of `model.backend` (discover/config.py takes it from here)
+DEFAULT_BACKEND = "transformers"

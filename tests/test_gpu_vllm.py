@@ -65,7 +65,7 @@ def test_sampler_and_learner_logprobs_agree(model_dir):
     for c in comps:
         assert len(c.completion_ids) == len(c.sampler_logprobs) == len(c.loss_mask) > 0
         assert all(lp <= 0.0 for lp in c.sampler_logprobs)
-    gap = _gap(comps, policy.trainer.sequence_logprobs(comps, temperature=1.0))
+    gap = _gap(comps, policy.trainer.sequence_logprobs(comps, temperature=SETTINGS.temperature))
     print(f"\nbase model: mean |sampler - learner| log-prob gap {gap:.4g}")
     assert gap < 0.1
 
@@ -77,21 +77,21 @@ def test_each_step_adapter_is_hot_loaded_under_a_fresh_id(model_dir, tmp_path):
     train = TrainConfig(learning_rate=1e-2, kl_coef=0.0)
     trainer = base.trainer
     for _ in range(5):  # push these completions up: the adapter clearly matters
-        trainer.train_step(TrainBatch(comps, [1.0] * len(comps)), train)
+        trainer.train_step(TrainBatch(comps, [1.0] * len(comps)), train, temperature=SETTINGS.temperature)
     adapter = tmp_path / "adapter"
     trainer.save(adapter)
     shutil.copytree(adapter, tmp_path / "adapter-v1")
 
     step1 = load_policy(cfg, adapter)
     c1 = _flat(step1.sample(PROMPTS, 8, SETTINGS, seed=2))
-    adapted = _gap(c1, step1.trainer.sequence_logprobs(c1))
-    against_base = _gap(c1, step1.trainer.sequence_logprobs(c1, with_adapter=False))
+    adapted = _gap(c1, step1.trainer.sequence_logprobs(c1, temperature=SETTINGS.temperature))
+    against_base = _gap(c1, step1.trainer.sequence_logprobs(c1, with_adapter=False, temperature=SETTINGS.temperature))
     print(f"\nstep 1: gap to the adapted learner {adapted:.4g}, to the base model {against_base:.4g}")
     assert adapted < 0.1 and against_base > 3 * adapted  # vLLM sampled with the adapter
 
     t2 = step1.trainer
     for _ in range(5):
-        t2.train_step(TrainBatch(comps, [-1.0] * len(comps)), train)
+        t2.train_step(TrainBatch(comps, [-1.0] * len(comps)), train, temperature=SETTINGS.temperature)
     t2.save(adapter)  # the same path, rewritten with the next step's adapter
     step2 = load_policy(cfg, adapter)
     assert step2.sampler.lora_request().lora_int_id != step1.sampler.lora_request().lora_int_id
@@ -99,8 +99,8 @@ def test_each_step_adapter_is_hot_loaded_under_a_fresh_id(model_dir, tmp_path):
     c2 = _flat(step2.sample(PROMPTS, 8, SETTINGS, seed=3))
     from discover.policy.trainer import LoRATrainer
 
-    fresh = _gap(c2, step2.trainer.sequence_logprobs(c2))
-    stale = _gap(c2, LoRATrainer.load(cfg, tmp_path / "adapter-v1").sequence_logprobs(c2))
+    fresh = _gap(c2, step2.trainer.sequence_logprobs(c2, temperature=SETTINGS.temperature))
+    stale = _gap(c2, LoRATrainer.load(cfg, tmp_path / "adapter-v1").sequence_logprobs(c2, temperature=SETTINGS.temperature))
     print(f"step 2: gap to the new adapter {fresh:.4g}, to the previous one {stale:.4g}")
     assert fresh < 0.1 and stale > 3 * fresh  # no stale adapter or prefix cache was served
 
@@ -121,7 +121,7 @@ def test_forced_answer_closes_the_thinking_through_vllm(model_dir):
         assert c.loss_mask[n : n + len(forced_ids)] == [0] * len(forced_ids)
         assert c.sampler_logprobs[n : n + len(forced_ids)] == [0.0] * len(forced_ids)
         assert 1 <= len(c.completion_ids) - n - len(forced_ids) <= 32  # the answer phase ran
-    gap = _gap(forced, policy.trainer.sequence_logprobs(forced))
+    gap = _gap(forced, policy.trainer.sequence_logprobs(forced, temperature=s.temperature))
     print(f"\nforced answers: gap {gap:.4g} (phase 2 conditioned on the forced tokens)")
     assert gap < 0.1
 
@@ -137,7 +137,7 @@ def test_generations_after_sleep_and_wake_are_identical(model_dir):
     c = policy.sample(PROMPTS, 4, SETTINGS, seed=9)  # wakes the engine first
     assert ids(c) == ids(a)
     # a real training step in between: the engine sleeps inside it, the trainer's memory is freed after
-    policy.train_step(TrainBatch(_flat(a), [1.0, -1.0] * 4), TrainConfig(learning_rate=1e-3))
+    policy.train_step(TrainBatch(_flat(a), [1.0, -1.0] * 4), TrainConfig(learning_rate=1e-3), temperature=SETTINGS.temperature)
     assert vllm_engine._HELD is not None and vllm_engine._HELD.asleep
     d = policy.sample(PROMPTS, 4, SETTINGS, seed=9)  # still the base model: this policy has no adapter
     assert ids(d) == ids(a)
@@ -162,7 +162,7 @@ def test_lora_generations_after_sleep_and_wake_are_identical(model_dir, tmp_path
     comps = _flat(base.sample(PROMPTS, 8, SETTINGS, seed=11))
     train = TrainConfig(learning_rate=1e-2, kl_coef=0.0)
     for _ in range(5):
-        base.trainer.train_step(TrainBatch(comps, [1.0] * len(comps)), train)
+        base.trainer.train_step(TrainBatch(comps, [1.0] * len(comps)), train, temperature=SETTINGS.temperature)
     adapter = tmp_path / "adapter"
     base.trainer.save(adapter)
 
@@ -174,8 +174,8 @@ def test_lora_generations_after_sleep_and_wake_are_identical(model_dir, tmp_path
     _reset_prefix_cache()
     b = policy.sample(PROMPTS, 4, SETTINGS, seed=9)
     assert ids(a) == ids(b), "vLLM does not repeat itself with this adapter on this GPU even without sleeping"
-    adapted = _gap(_flat(a), policy.trainer.sequence_logprobs(_flat(a)))
-    against_base = _gap(_flat(a), policy.trainer.sequence_logprobs(_flat(a), with_adapter=False))
+    adapted = _gap(_flat(a), policy.trainer.sequence_logprobs(_flat(a), temperature=SETTINGS.temperature))
+    against_base = _gap(_flat(a), policy.trainer.sequence_logprobs(_flat(a), with_adapter=False, temperature=SETTINGS.temperature))
     assert adapted < 0.1 and against_base > 3 * adapted  # the adapter is what was served
 
     t0 = time.perf_counter()
@@ -188,7 +188,7 @@ def test_lora_generations_after_sleep_and_wake_are_identical(model_dir, tmp_path
     assert torch.allclose(lps(c), lps(a), atol=1e-3, rtol=0)
 
     # a training step in between: vLLM sleeps, the trainer's weights come back, then leave again
-    policy.train_step(TrainBatch(_flat(a), [1.0, -1.0] * 4), TrainConfig(learning_rate=1e-3))
+    policy.train_step(TrainBatch(_flat(a), [1.0, -1.0] * 4), TrainConfig(learning_rate=1e-3), temperature=SETTINGS.temperature)
     assert vllm_engine._HELD is not None and vllm_engine._HELD.asleep and offload.parked_count() == 0
     d = policy.sample(PROMPTS, 4, SETTINGS, seed=9)  # parks the trainer, wakes vLLM; the served adapter is the file's
     assert offload.parked_count() > 0

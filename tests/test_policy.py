@@ -13,6 +13,7 @@ from discover.policy.chat_format import FORCED_PHRASE
 
 PROMPT = "We want to find a construction that improves the best known bound. Write the code. " * 3
 MARKER = "<<END-OF-THINKING-NEVER-EMITTED>>"
+TEMPERATURE = 1.0  # the sampling temperature of `samples`, and so the one training steps and log-probs use
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -42,7 +43,7 @@ def _load(adapter_dir: Path | None = None, seed: int = 0):
 @pytest.fixture(scope="module")
 def samples():
     policy = _load()
-    settings = SamplingConfig(context_tokens=2048, max_answer_tokens=12, temperature=1.0)
+    settings = SamplingConfig(context_tokens=2048, max_answer_tokens=12, temperature=TEMPERATURE)
     return policy.sample([PROMPT], 8, settings, seed=3)[0]
 
 
@@ -55,9 +56,9 @@ def _train_cfg(**kw) -> TrainConfig:
     return TrainConfig(**base)
 
 
-def _lp(policy, comps, **kw) -> list[torch.Tensor]:
+def _lp(policy, comps, temperature: float = TEMPERATURE, **kw) -> list[torch.Tensor]:
     with torch.no_grad():
-        return [t.detach().clone() for t in policy.sequence_logprobs(comps, **kw)]
+        return [t.detach().clone() for t in policy.sequence_logprobs(comps, temperature=temperature, **kw)]
 
 
 def _allclose(a: list[torch.Tensor], b: list[torch.Tensor], atol: float = 1e-5) -> bool:
@@ -138,8 +139,20 @@ def test_sampler_logprobs_match_sequence_logprobs(temperature):
     for comp, lp in zip(comps, lps, strict=True):
         assert lp.shape == (len(comp.completion_ids),)
         assert torch.allclose(lp.detach(), torch.tensor(comp.sampler_logprobs), atol=1e-4, rtol=0)
-    # the stored temperature of the last sample() is the default
-    assert _allclose(_lp(policy, comps), _lp(policy, comps, temperature=temperature))
+
+
+def test_sequence_logprobs_take_the_temperature_and_not_the_last_samples(samples):
+    policy = _load()
+    comps = samples[:3]
+    before = _lp(policy, comps, temperature=0.7)
+    hot = SamplingConfig(context_tokens=2048, max_answer_tokens=4, temperature=5.0)
+    policy.sample([PROMPT], 2, hot, seed=0)
+    assert _allclose(_lp(policy, comps, temperature=0.7), before)  # what was sampled before changes nothing
+    assert not _allclose(_lp(policy, comps, temperature=5.0), before, atol=1e-3)
+    with pytest.raises(TypeError, match="temperature"):
+        policy.sequence_logprobs(comps)  # no remembered default: the caller says which distribution
+    with pytest.raises(TypeError, match="temperature"):
+        policy.train_step(TrainBatch(comps, [1.0] * 3), _train_cfg())
 
 
 def test_eos_is_kept_with_mask_one():
@@ -182,7 +195,7 @@ def test_forced_phrase_when_thinking_budget_runs_out():
             body = body[:-1]
         assert c.answer == policy.sampler.tokenizer.decode(body)
     # the learner's log-probs still line up with the sampler's on the generated tokens
-    for c, lp in zip(comps, _lp(policy, comps), strict=True):
+    for c, lp in zip(comps, _lp(policy, comps, temperature=settings.temperature), strict=True):
         m = torch.tensor(c.loss_mask, dtype=torch.bool)
         assert torch.allclose(lp[m], torch.tensor(c.sampler_logprobs)[m], atol=1e-4, rtol=0)
 
@@ -218,7 +231,7 @@ def test_train_step_changes_lora_and_raises_logprob(samples):
     assert before and all("lora" in n for n in before)
     target = samples[0]
     lp0 = _lp(policy, [target])[0].sum()
-    stats = policy.train_step(TrainBatch([target], [1.0]), _train_cfg())
+    stats = policy.train_step(TrainBatch([target], [1.0]), _train_cfg(), temperature=TEMPERATURE)
     for name, value in before.items():  # TRL-style; B starts at 0, so only B has a gradient
         if "lora_B" in name:
             assert not torch.equal(value, dict(policy.trainer.model.named_parameters())[name]), name
@@ -234,7 +247,7 @@ def test_train_step_changes_lora_and_raises_logprob(samples):
 def test_zero_advantage_without_kl_changes_nothing(samples):
     policy = _load()
     before = [p.detach().clone() for p in policy.trainer.lora_parameters()]
-    stats = policy.train_step(TrainBatch(samples[:4], [0.0] * 4), _train_cfg(kl_coef=0.0))
+    stats = policy.train_step(TrainBatch(samples[:4], [0.0] * 4), _train_cfg(kl_coef=0.0), temperature=TEMPERATURE)
     assert stats["tokens"] == 0
     assert all(torch.equal(a, b) for a, b in zip(before, policy.trainer.lora_parameters(), strict=True))
 
@@ -242,7 +255,7 @@ def test_zero_advantage_without_kl_changes_nothing(samples):
 def test_kl_term_uses_base_model(samples):
     policy = _load()
     # fresh adapter: policy == base, sampler == policy, so the KL statistic is ~0
-    stats = policy.train_step(TrainBatch(samples[:4], [0.5, -0.5, 1.0, -1.0]), _train_cfg(kl_coef=0.1))
+    stats = policy.train_step(TrainBatch(samples[:4], [0.5, -0.5, 1.0, -1.0]), _train_cfg(kl_coef=0.1), temperature=TEMPERATURE)
     assert abs(stats["kl"]) < 1e-4
     assert stats["tokens"] == sum(sum(c.loss_mask) for c in samples[:4])
 
@@ -252,7 +265,7 @@ def test_save_load_round_trip_and_base_logprobs(tmp_path, samples):
     fresh = _load(seed=5)
     comps = samples[:5]
     base_before = _lp(policy, comps, with_adapter=False)
-    policy.train_step(TrainBatch(comps, [1.0, -1.0, 0.5, 0.0, -0.5]), _train_cfg())
+    policy.train_step(TrainBatch(comps, [1.0, -1.0, 0.5, 0.0, -0.5]), _train_cfg(), temperature=TEMPERATURE)
     trained = _lp(policy, comps)
     base_after = _lp(policy, comps, with_adapter=False)
     assert not _allclose(trained, base_after, atol=1e-4)  # the adapter now matters
@@ -268,8 +281,8 @@ def test_save_load_round_trip_and_base_logprobs(tmp_path, samples):
     # continuing from the saved optimizer state gives the same step as continuing in memory
     cfg = _train_cfg()
     batch = TrainBatch(comps, [0.3, 0.2, -0.1, 0.4, -0.6])
-    policy.train_step(batch, cfg)
-    reloaded.train_step(batch, cfg, optimizer_state=opt)
+    policy.train_step(batch, cfg, temperature=TEMPERATURE)
+    reloaded.train_step(batch, cfg, optimizer_state=opt, temperature=TEMPERATURE)
     assert _allclose(_lp(reloaded, comps), _lp(policy, comps), atol=1e-5)
 
 
@@ -277,11 +290,11 @@ def test_two_policies_do_not_interfere(samples):
     comps = samples[:3]
     a = _load(seed=0)
     ref = _lp(a, comps)
-    a.train_step(TrainBatch(comps, [1.0, 1.0, 1.0]), _train_cfg())
+    a.train_step(TrainBatch(comps, [1.0, 1.0, 1.0]), _train_cfg(), temperature=TEMPERATURE)
     a_trained = _lp(a, comps)
     b = _load(seed=1)  # same cached base model, new adapter
     assert _allclose(_lp(b, comps), ref)  # b starts from the base model, untouched by a's training
-    b.train_step(TrainBatch(comps, [-1.0, -1.0, -1.0]), _train_cfg())
+    b.train_step(TrainBatch(comps, [-1.0, -1.0, -1.0]), _train_cfg(), temperature=TEMPERATURE)
     assert _allclose(_lp(a, comps), a_trained)  # b's training does not leak into a
     assert not _allclose(_lp(b, comps), a_trained, atol=1e-4)
     assert a.trainer.model is not b.trainer.model
@@ -291,7 +304,7 @@ def test_two_policies_do_not_interfere(samples):
 def test_empty_and_mismatched_batches(samples):
     policy = _load()
     with pytest.raises(ValueError):
-        policy.train_step(TrainBatch(samples[:2], [1.0]), _train_cfg())
+        policy.train_step(TrainBatch(samples[:2], [1.0]), _train_cfg(), temperature=TEMPERATURE)
     forced_only = Completion(prompt_ids=[1, 2], completion_ids=[3, 4], sampler_logprobs=[0.0, 0.0], loss_mask=[0, 0], text="", answer="")
-    stats = policy.train_step(TrainBatch([forced_only], [1.0]), _train_cfg())
+    stats = policy.train_step(TrainBatch([forced_only], [1.0]), _train_cfg(), temperature=TEMPERATURE)
     assert stats["tokens"] == 0

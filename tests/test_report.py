@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
+import unicodedata
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -14,7 +16,8 @@ from discover.config import dump_config, parse_config
 from discover.records import Evaluation, Rollout
 from discover.reevaluation import reevaluate_states, write_reevaluation
 from discover.report import step_rows, write_report
-from discover.run import TASKS, Run, save_archive
+from discover.run import TASKS, Run, read_evaluations, read_rollouts, save_archive
+from evaluators.markdown import escape_unprintable
 from evaluators.toy.digits import DigitsProblem
 from storage.atomic import atomic_write_json, atomic_write_text
 from storage.layout import RunLayout
@@ -137,6 +140,32 @@ def test_report_renders_the_problems_sections(run_dir: Path, monkeypatch: pytest
     assert isinstance(seen[0][0], State)
     assert "## Digits of the best states\n\nOne row per state.\n\n| reward | state |" in text
     assert "## Empty\n" in text
+
+
+def test_escape_unprintable_shows_control_characters_and_keeps_text() -> None:
+    raw = "a\x1b[31mb\x00c\r\n\td\u202eevil\u2028e\u200bf\ud800g\U000e0001 é → 数 \u00a0 🙂"
+    escaped = escape_unprintable(raw)
+    assert escaped == "a\\x1b[31mb\\x00c\\x0d\n\td\\u202eevil\\u2028e\\u200bf\\ud800g\\U000e0001 é → 数 \u00a0 🙂"
+    escaped.encode("utf-8")  # a lone surrogate no longer makes it unwritable
+
+
+def test_report_quotes_model_text_with_control_characters_escaped(run_dir: Path) -> None:
+    """The tiny random model writes control characters: the report stays UTF-8 text and shows them as escapes."""
+    layout = RunLayout(run_dir)
+    answers = ["best \x1b[2J\x00 answer\nline two\twith a tab \u202e drawkcab", "worst \x07\x08 \u2028 \x7f answer"]
+    rollouts = [dataclasses.replace(r, text=text) for r, text in zip(read_rollouts(layout.rollouts(1)), answers[::-1], strict=True)]
+    write_records(layout.rollouts(1), rollouts, Rollout)
+    evaluations = read_evaluations(layout.evaluations(1))
+    evaluations[0] = dataclasses.replace(evaluations[0], reason="candidate printed \x1b[0m\x0c")
+    write_records(layout.evaluations(1), evaluations, Evaluation)
+
+    data = write_report(Run.open(run_dir)).read_bytes()
+    text = data.decode("utf-8")  # strict: valid UTF-8
+    unprintable = [ch for ch in text if ch not in "\n\t" and (unicodedata.category(ch).startswith("C") or ch in "\u2028\u2029")]
+    assert not unprintable, f"unescaped characters in the report: {unprintable}"
+    assert "best \\x1b[2J\\x00 answer\nline two\twith a tab \\u202e drawkcab" in text
+    assert "worst \\x07\\x08 \\u2028 \\x7f answer" in text
+    assert "invalid: candidate printed \\x1b[0m\\x0c" in text
 
 
 def test_report_of_a_folder_that_is_no_run_fails_clearly(tmp_path: Path) -> None:

@@ -31,6 +31,7 @@ def test_every_problem_keeps_the_whole_contract(name: str) -> None:
     assert isinstance(p.image, str) and isinstance(p.needs_gpu, bool) and isinstance(p.limits, SandboxLimits)
     assert p.target is None or isinstance(p.target, float)
     assert len(p.archive_key("x = 1", None)) == 64
+    assert isinstance(p.has_cases, bool) and isinstance(p.can_judge, bool) and isinstance(p.progress_logger, str)
 
 
 def test_with_limits_changes_only_the_copy_and_the_description_follows() -> None:

@@ -15,6 +15,7 @@ from discover.policy.packing import pack_by_tokens, padded_tokens
 from discover.policy.trainer import accumulate_gradients, token_logprobs
 
 PROMPTS = ["Improve the bound.", "Write a function that returns a numpy array of floats. " * 3]
+TEMPERATURE = 1.0  # the sampling temperature of `rollouts`, and so the one training steps and log-probs use
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -40,7 +41,7 @@ def rollouts():
 def _rollouts(policy):
     comps = []
     for i, n in enumerate((3, 24, 11, 17)):
-        settings = SamplingConfig(context_tokens=512, max_answer_tokens=n, temperature=1.0)
+        settings = SamplingConfig(context_tokens=512, max_answer_tokens=n, temperature=TEMPERATURE)
         comps += policy.sample([PROMPTS[i % 2]], 2, settings, seed=i)[0]
     assert len({len(c.prompt_ids) + len(c.completion_ids) for c in comps}) >= 4
     return comps
@@ -182,10 +183,10 @@ def test_importance_ratio_is_reported_and_optionally_truncated():
 def test_train_step_reports_the_sampler_learner_gap(rollouts):
     policy = _policy()
     cfg = TrainConfig(learning_rate=1e-2, kl_coef=0.1, importance_ratio_cap=1.5)
-    stats = policy.train_step(TrainBatch(rollouts, [1.0, -1.0] * 4), cfg)
+    stats = policy.train_step(TrainBatch(rollouts, [1.0, -1.0] * 4), cfg, temperature=TEMPERATURE)
     assert stats["logprob_gap"] < 1e-4 and abs(stats["mean_ratio"] - 1.0) < 1e-4  # step 0: learner == sampler
     assert stats["ratio_capped_fraction"] == 0.0 and stats["grad_norm"] > 0
-    stats = policy.train_step(TrainBatch(rollouts, [1.0, -1.0] * 4), cfg)  # now the policy has moved
+    stats = policy.train_step(TrainBatch(rollouts, [1.0, -1.0] * 4), cfg, temperature=TEMPERATURE)  # now the policy has moved
     assert stats["logprob_gap"] > 1e-4 and stats["max_ratio"] > 1.0
 
 
@@ -193,7 +194,7 @@ def test_bfloat16_trainer_keeps_float32_adapter(rollouts):
     policy = _policy(dtype="bfloat16")
     assert all(p.dtype == torch.float32 for p in policy.trainer.lora_parameters())  # Adam on bf16 weights would lose lr 4e-5
     before = [p.detach().clone() for p in policy.trainer.lora_parameters()]
-    stats = policy.train_step(TrainBatch(rollouts, [1.0, -1.0] * 4), TrainConfig(learning_rate=1e-3, kl_coef=0.1))
+    stats = policy.train_step(TrainBatch(rollouts, [1.0, -1.0] * 4), TrainConfig(learning_rate=1e-3, kl_coef=0.1), temperature=TEMPERATURE)
     assert stats["logprob_gap"] < 0.1  # bf16 learner against float32 sampler log-probs
     assert any(not torch.equal(a, b) for a, b in zip(before, policy.trainer.lora_parameters()))
 
@@ -221,7 +222,7 @@ def test_second_step_in_the_same_process_does_not_load_weights_again(tmp_path, m
     params = []
     for step in range(3):
         policy = load_policy(cfg, adapter)
-        stats = policy.train_step(TrainBatch(rollouts, [1.0, -1.0] * 4), train)
+        stats = policy.train_step(TrainBatch(rollouts, [1.0, -1.0] * 4), train, temperature=TEMPERATURE)
         assert stats["tokens"] > 0
         adapter = tmp_path / f"checkpoint-{step}"
         policy.save(adapter)
@@ -238,7 +239,7 @@ def test_bfloat16_lora_option_trains_bfloat16_adapter(rollouts, tmp_path):
     params = policy.trainer.lora_parameters()
     assert params and all(p.dtype == torch.bfloat16 for p in params)
     before = [p.detach().clone() for p in params]
-    stats = policy.train_step(TrainBatch(rollouts, [1.0, -1.0] * 4), TrainConfig(learning_rate=1e-2, kl_coef=0.1))
+    stats = policy.train_step(TrainBatch(rollouts, [1.0, -1.0] * 4), TrainConfig(learning_rate=1e-2, kl_coef=0.1), temperature=TEMPERATURE)
     assert stats["tokens"] > 0 and stats["grad_norm"] > 0 and math.isfinite(stats["loss"])
     after = policy.trainer.lora_parameters()
     assert all(p.dtype == torch.bfloat16 for p in after)
@@ -268,8 +269,8 @@ def _offload_steps(rollouts, offload):
     train = TrainConfig(learning_rate=1e-2, kl_coef=0.1)
     plain, parked = _policy(), _policy()
     for step in range(3):
-        plain.train_step(batch, train)
-        parked.train_step(batch, train)
+        plain.train_step(batch, train, temperature=TEMPERATURE)
+        parked.train_step(batch, train, temperature=TEMPERATURE)
         trainer = parked.trainer
         n = sum(1 for _ in trainer.parkable_tensors())
         first = offload.park_all()
@@ -286,8 +287,8 @@ def _offload_steps(rollouts, offload):
             assert 0 < first.copied_bytes < sum(t.numel() * t.element_size() for t, _ in trainer.parkable_tensors())
     for a, b in zip(plain.trainer.lora_parameters(), parked.trainer.lora_parameters(), strict=True):
         assert torch.equal(a, b)
-    lp_plain = plain.trainer.sequence_logprobs(rollouts)
+    lp_plain = plain.trainer.sequence_logprobs(rollouts, temperature=TEMPERATURE)
     offload.park_all()
-    lp_parked = parked.trainer.sequence_logprobs(rollouts)  # brings everything back first
+    lp_parked = parked.trainer.sequence_logprobs(rollouts, temperature=TEMPERATURE)  # brings everything back first
     assert offload.parked_count() == 0
     assert all(torch.equal(a, b) for a, b in zip(lp_plain, lp_parked))

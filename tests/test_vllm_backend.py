@@ -346,7 +346,7 @@ def test_the_trainer_is_offloaded_before_the_engine_is_built_or_woken(monkeypatc
     assert seen and seen[0][0] == placement.ONE_COPY_GPU_FRACTION
     assert seen[0][1] > 0 and seen[0][2] == 0  # parked when the engine is asked for
     offload.park_all()
-    trainer.sequence_logprobs([])  # anything the trainer computes brings its tensors back
+    trainer.sequence_logprobs([], temperature=1.0)  # anything the trainer computes brings its tensors back
     assert offload.parked_count() == 0 and trainer.lora_parameters()[0].numel() > 0
 
 

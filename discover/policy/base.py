@@ -47,15 +47,17 @@ class Trainer(Protocol):
     """The training half of a policy backend: one LoRA adapter on the resident base model
     (`trainer.LoRATrainer`, shared by every backend)."""
 
-    def sequence_logprobs(self, completions: list[Completion], with_adapter: bool = True, temperature: float = 1.0) -> list[torch.Tensor]:
+    def sequence_logprobs(self, completions: list[Completion], with_adapter: bool = True, *, temperature: float) -> list[torch.Tensor]:
         """Per-token log-probs (one tensor per completion) of each completion given its prompt under the
-        current policy (the base model when `with_adapter` is False); used to re-score re-attached ones."""
+        current policy (the base model when `with_adapter` is False) at the sampling `temperature`
+        (the configuration's `sampling.temperature`); used to re-score re-attached ones."""
         ...
 
     def train_step(
-        self, batch: TrainBatch, train: TrainConfig, temperature: float = 1.0, optimizer_state: Path | None = None
+        self, batch: TrainBatch, train: TrainConfig, *, temperature: float, optimizer_state: Path | None = None
     ) -> dict[str, float]:
-        """One optimizer step of the adapter on `batch` (docs/method.md §2); returns the step's statistics."""
+        """One optimizer step of the adapter on `batch` (docs/method.md §2) with log-probs at the sampling
+        `temperature` (the configuration's `sampling.temperature`); returns the step's statistics."""
         ...
 
     def save(self, adapter_dir: Path, optimizer_path: Path | None = None) -> None:
@@ -77,7 +79,6 @@ class Policy:
         self.sampler = sampler
         self._load_trainer = load_trainer
         self._trainer: Trainer | None = None
-        self.temperature = 1.0  # the sampling temperature of the last sample; default of sequence_logprobs
 
     @property
     def trainer(self) -> Trainer:
@@ -88,7 +89,6 @@ class Policy:
 
     def sample_stream(self, contexts: list[str], k: int, sampling: SamplingConfig, seed: int) -> Iterator[tuple[int, int, Completion]]:
         """`Sampler.sample_stream`: the completions as they finish."""
-        self.temperature = float(sampling.temperature)
         return self.sampler.sample_stream(contexts, k, sampling, seed)
 
     def sample(self, contexts: list[str], k: int, sampling: SamplingConfig, seed: int) -> list[list[Completion]]:
@@ -98,19 +98,16 @@ class Policy:
             out[i][j] = completion
         return out  # type: ignore[return-value]
 
-    def sequence_logprobs(
-        self, completions: list[Completion], with_adapter: bool = True, temperature: float | None = None
-    ) -> list[torch.Tensor]:
-        """`Trainer.sequence_logprobs`; `temperature` defaults to the one of the last sample (1.0 before any).
+    def sequence_logprobs(self, completions: list[Completion], with_adapter: bool = True, *, temperature: float) -> list[torch.Tensor]:
+        """`Trainer.sequence_logprobs` at the given sampling `temperature`; it depends on nothing sampled before.
 
         Like a training step, it runs while the sampler makes room: with vLLM sleeping while training
         and the trainer's weights offloaded while generating, both copies never share the GPU."""
-        temp = self.temperature if temperature is None else float(temperature)
         with self.sampler.while_training():
-            return self.trainer.sequence_logprobs(completions, with_adapter=with_adapter, temperature=temp)
+            return self.trainer.sequence_logprobs(completions, with_adapter=with_adapter, temperature=temperature)
 
     def train_step(
-        self, batch: TrainBatch, train: TrainConfig, temperature: float = 1.0, optimizer_state: Path | None = None
+        self, batch: TrainBatch, train: TrainConfig, *, temperature: float, optimizer_state: Path | None = None
     ) -> dict[str, float]:
         """`Trainer.train_step`, while the sampler makes room (`Sampler.while_training`)."""
         with self.sampler.while_training():

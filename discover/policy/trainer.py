@@ -276,8 +276,8 @@ class LoRATrainer:
     def _pad_id(self) -> int:
         return self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
 
-    def sequence_logprobs(self, completions: list[Completion], with_adapter: bool = True, temperature: float = 1.0) -> list[torch.Tensor]:
-        """Per-token log-probs of each completion given its prompt, temperature-scaled.
+    def sequence_logprobs(self, completions: list[Completion], with_adapter: bool = True, *, temperature: float) -> list[torch.Tensor]:
+        """Per-token log-probs of each completion given its prompt, scaled by the sampling `temperature`.
 
         With the adapter the graph is kept (when grad is enabled); without it (base model) nothing
         is tracked.
@@ -315,7 +315,8 @@ class LoRATrainer:
         self,
         batch: TrainBatch,
         train: TrainConfig,
-        temperature: float = 1.0,
+        *,
+        temperature: float,
         optimizer_state: Path | None = None,
     ) -> dict[str, float]:
         """One Adam step on the LoRA parameters with the KL-shaped importance-sampling loss (docs/method.md §2)."""

@@ -40,7 +40,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from evaluators.algorithms.contest import AtCoderProblem
-from evaluators.algorithms.judging import OUT_OF_RANGE, Judgement, decode_output, output_too_large, read_integers, shorten
+from evaluators.algorithms.judging import OUT_OF_RANGE, decode_output, output_too_large, read_integers, shorten
+from evaluators.base import Judgement
 
 COORD_MAX = 100_000
 MIN_VERTICES, MAX_VERTICES = 4, 1000

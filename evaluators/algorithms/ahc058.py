@@ -34,7 +34,6 @@ from dataclasses import dataclass
 from evaluators.algorithms.contest import AtCoderProblem
 from evaluators.algorithms.judging import (
     RUST_WHITESPACE,
-    Judgement,
     decode_output,
     integer,
     output_too_large,
@@ -42,6 +41,7 @@ from evaluators.algorithms.judging import (
     tokens_of,
     why_not_integer,
 )
+from evaluators.base import Judgement
 
 SCORE_FACTOR = 100_000
 

@@ -17,6 +17,7 @@ results.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import logging
 import shutil
@@ -30,8 +31,8 @@ from typing import Any
 import numpy as np
 
 from evaluators.algorithms.cases import public_inputs, select_cases
-from evaluators.algorithms.judging import MAX_OUTPUT_BYTES, Judgement
-from evaluators.base import ArchivedState, BaseProblem, EvalResult, ParentView, ReportSection, SeedState
+from evaluators.algorithms.judging import MAX_OUTPUT_BYTES
+from evaluators.base import ArchivedState, BaseProblem, EvalResult, Judgement, ParentView, ReportSection, SeedState
 from evaluators.options import missing_file
 from evaluators.parsing import last_fenced_block, normalize_code
 from evaluators.sandbox.base import SandboxLimits
@@ -51,6 +52,9 @@ class AtCoderProblem(BaseProblem):
 
     image = "cpp20"
     code_language = "cpp"
+    has_cases = True  # the contest's 150 public cases (`cases`, `with_cases`)
+    can_judge = True  # `discover judge`: the contest's judge on one output
+    progress_logger = log.name  # a line per finished case (DEBUG), one at most every PROGRESS_EVERY_S (INFO)
     contest = ""  # "ahc039": its statement (statements/), public inputs (data/) and name
     scale = 1.0  # reward = mean case score / scale
     time_limit_s = 2.0  # CPU seconds per case (the contest's)
@@ -125,6 +129,24 @@ class AtCoderProblem(BaseProblem):
         )
 
     # -- what the run and the CLI ask ---------------------------------------------------------------
+
+    def with_cases(self, cases: str | None, stop_at_first_failure: bool) -> AtCoderProblem:
+        """The same problem on the selected public cases (None: all 150), stopping at the first failure or not."""
+        clone = copy.copy(self)
+        clone.cases = select_cases(cases, range(150))
+        clone.stop_at_first_failure = bool(stop_at_first_failure)
+        return clone
+
+    def case_input(self, case: int) -> str:
+        """The input of public case `case` (0-149)."""
+        inputs = public_inputs(self.contest)
+        if case not in inputs:
+            raise KeyError(f"no case {case}; the public cases are {_ranges(sorted(inputs))}")
+        return inputs[case]
+
+    def judge(self, input_text: str, output: bytes) -> Judgement:
+        """The contest judge's verdict on one output for an input given as text."""
+        return self.judge_output(self.parse_input(input_text), output)
 
     def preflight(self, sandbox_backend: str) -> list[str]:
         """The initial program's file exists; the process backend (or 'auto' without the cpp20

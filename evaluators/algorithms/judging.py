@@ -1,5 +1,5 @@
-"""What the two contest judges share: the verdict on one output, and reading tokens the way the
-contests' official tools (Rust) read them.
+"""What the two contest judges share: reading tokens the way the contests' official tools (Rust)
+read them, and the bounds on an output (a judge's verdict is `evaluators.base.Judgement`).
 
 The official tools split an output on Unicode whitespace (`str::split_whitespace`) and parse each
 token with `str::parse::<i64>()`, which accepts an optional sign and ASCII digits only ("+7",
@@ -18,8 +18,7 @@ memory per byte of output at worst), never one Python object per token.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -32,23 +31,6 @@ OUT_OF_RANGE = "number out of range"
 RUST_WHITESPACE = "\t\n\x0b\x0c\r \x85\xa0\u1680" + "".join(map(chr, range(0x2000, 0x200B))) + "\u2028\u2029\u202f\u205f\u3000"
 _SPLIT = re.compile("[" + re.escape(RUST_WHITESPACE) + "]+")
 _INTEGER = re.compile(r"[+-]?[0-9]+")
-
-
-@dataclass(frozen=True)
-class Judgement:
-    """The verdict on one output for one input: valid with the contest's case score, or why not."""
-
-    valid: bool
-    score: int  # the case score of the statement; 0 when not valid
-    reason: str = ""  # empty when valid; otherwise the first rule the output breaks
-    details: dict[str, Any] = field(default_factory=dict)  # e.g. {"mackerels": 812, "sardines": 15}
-
-    @staticmethod
-    def wrong(reason: str) -> Judgement:
-        return Judgement(valid=False, score=0, reason=reason)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"valid": self.valid, "score": self.score, "reason": self.reason, **self.details}
 
 
 def output_too_large(output: bytes | str) -> str:
