@@ -34,7 +34,7 @@ images: setup
 
 # The images the tests run in; a note and no failure when no Docker engine answers. An image whose
 # content hash is unchanged is skipped in seconds; bio's first build downloads its wheels on the
-# host and takes several minutes (README, "Denoising").
+# host and takes several minutes (docs/sandbox.md, "Docker").
 test-images: setup
 	$(VENV)/bin/python images/build.py --if-docker python-math cpp20 bio
 
@@ -56,7 +56,7 @@ test: setup test-images lint typecheck
 	$(VENV)/bin/python -m pytest -q --durations=30
 
 # Every GPU test and benchmark in one go, one results file: benchmarks/results/gpu-<date>-<gpu>.json
-# and .md (benchmarks/gpu_check.py; README "GPU check"). Without a CUDA device it says "no CUDA
+# and .md (benchmarks/gpu_check.py; docs/gpu-check.md). Without a CUDA device it says "no CUDA
 # device" and exits with 2. PARTS=train-fp32,one-gpu runs some parts; WHEELS=/tmp/parts installs
 # carried wheels first; GPU_CHECK_OUT=DIR writes elsewhere; MAX_SECONDS=570 bounds all parts
 # together; SHAPE=small runs the benchmarks on a small random model (a quick first pass).

@@ -246,7 +246,7 @@ class SandboxConfig(_Section):
 
 
 class EvaluationConfig(_Section):
-    """Where candidates are evaluated (README, Operations: "Evaluation on a cluster").
+    """Where candidates are evaluated (docs/operations.md, "Evaluation on a cluster").
 
     Changing this section never changes a run's results, so a run may resume on another runner.
     """

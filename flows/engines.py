@@ -13,7 +13,7 @@
 
 A cluster's workers run the candidate task (flows/evaluation.py: `evaluate_candidate`) with the problem's
 sandbox on their own machine: the project and the evaluator images must be installed there
-(README, Operations: "Evaluation on a cluster"). A run starts its engine once; each step's flow
+(docs/operations.md, "Evaluation on a cluster"). A run starts its engine once; each step's flow
 gets a task runner on it (`task_runner()`), so a local cluster is not started again every step.
 """
 
@@ -105,7 +105,7 @@ def _dask(config: RunConfig, resources: Resources) -> Iterator[str]:
                 raise ValueError(
                     f"no worker of the Dask cluster at {address} offers the resources one candidate needs "
                     f'({_dask_flag(wanted)}); start workers with `dask worker {address} --resources "{_dask_flag(wanted)}"` '
-                    "or more (README, Operations: Evaluation on a cluster)"
+                    "or more (docs/operations.md, Evaluation on a cluster)"
                 )
         log.info("evaluation on the Dask cluster at %s (%d workers)", address, len(workers))
         yield address
@@ -173,7 +173,7 @@ def _ray(config: RunConfig, resources: Resources) -> Iterator[None]:
         if not any(_fits(n, {k: v for k, v in wanted.items() if v}) for n in nodes):
             raise ValueError(
                 f"no node of the Ray cluster at {address or 'local'} offers what one candidate needs ({wanted}); "
-                "add nodes with `ray start --address HEAD:6379 --num-gpus N` (README, Operations)"
+                "add nodes with `ray start --address HEAD:6379 --num-gpus N` (docs/operations.md, Evaluation on a cluster)"
             )
         log.info("evaluation on Ray (%s): %d nodes", address or "local instance", len(nodes))
         yield

@@ -1,4 +1,4 @@
-"""Operations around the Prefect server (README "## Operations"), run as `discover` commands:
+"""Operations around the Prefect server (docs/operations.md), run as `discover` commands:
 
     discover setup [--file prefect.yaml]   # work pools and GPU limits of prefect.yaml
     discover crashed FLOW_RUN_ID           # mark a run whose worker died as crashed

@@ -202,7 +202,7 @@ def test_a_candidate_hunting_for_the_held_out_counts_gets_nothing_it_can_use(pro
     if backend == "process" and os.geteuid() != 0:
         pytest.skip("the process backend isolates a candidate from this process only as root (a uid per run)")
     # The process backend cannot hide scanpy's own copy of the default dataset (the problem warns
-    # and the README says so): that route is tried only in the container, where no copy is left.
+    # and docs/problems/denoising.md says so): that route is tried only in the container, where no copy is left.
     code = HOSTILE.format(try_scanpy=backend == "docker")
     verdict = _evaluate(problem.with_limits(timeout_s=300.0), code, boxes(backend))
     routes = _routes(verdict.observation)

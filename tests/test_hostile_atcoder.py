@@ -129,7 +129,7 @@ def test_what_is_not_the_programs_stays_out_of_reach(sandbox, baseline: float, s
     if not _strict(sandbox):
         pytest.skip("the process backend isolates files only when the tests run as root")
     if where == "docker" and sandbox.name != "docker":
-        pytest.skip("the process backend does not hide the host's world-readable files (README, 'The sandbox')")
+        pytest.skip("the process backend does not hide the host's world-readable files (docs/sandbox.md, 'Process')")
     for _ in range(2):  # twice: a file written by the first evaluation must not be there for the second
         result = evaluate(sandbox, source)
         assert result.valid and verdicts(result) == {"AC"}, result.reason

@@ -32,7 +32,7 @@ REFERENCE = {
     "ac2/alphaevolve_v2.json": ("ac2", "down"),
     "circle_packing/ttt_discover_n26.json": ("circles-26", "nearest"),
 }
-CIRCLES_N26_SUM = "2.6359774"  # reference/README.md: sum of radii with zero tolerance
+CIRCLES_N26_SUM = "2.6359774"  # evaluators/math/published/README.md: sum of radii with zero tolerance
 
 
 def _reported(path: Path) -> str:

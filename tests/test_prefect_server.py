@@ -108,7 +108,7 @@ def test_deployments_workers_kill_retry_and_scheduled_reevaluation(tmp_path: Pat
         }
     )
     user, password = "discover", secrets.token_urlsafe(16)
-    # Clients carry the credentials (README, Operations: "Securing the server and the cluster").
+    # Clients carry the credentials (docs/operations.md, "Securing the server and the cluster").
     env = dict(base_env, PREFECT_HOME=str(tmp_path / "prefect-home"), PREFECT_API_URL=api, PREFECT_API_AUTH_STRING=f"{user}:{password}")
     http = httpx.Client(auth=(user, password), timeout=10)
     for name in ("deployed", "killed", "cli"):
@@ -200,7 +200,7 @@ def test_deployments_workers_kill_retry_and_scheduled_reevaluation(tmp_path: Pat
         assert before == [(0, t) for t in TASKS] + [(1, "select_parents"), (1, "generate")]
         assert state(run_b) == "RUNNING"  # nobody told the server
 
-        # The operator's way back (README, Operations): mark the orphaned run crashed, retry it; a
+        # The operator's way back (docs/operations.md, "Resume one"): mark the orphaned run crashed, retry it; a
         # new worker runs it again and the tasks that had finished come from the cache.
         (killed / ".held").unlink()
         procs.start("worker-3", worker_cmd, env)

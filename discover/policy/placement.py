@@ -13,7 +13,7 @@ import torch
 
 from discover.config import ModelConfig
 
-SHARED_GPU_FRACTION = 0.45  # vLLM's share of a GPU it shares with the trainer (README: memory arithmetic)
+SHARED_GPU_FRACTION = 0.45  # vLLM's share of a GPU it shares with the trainer (docs/real-models.md: memory arithmetic)
 OWN_GPU_FRACTION = 0.90  # vLLM's share of a GPU of its own
 # vLLM's share of a GPU it shares with the trainer when only one copy of the weights is there at a
 # time (model.sleep_while_training and model.offload_while_generating): while vLLM generates, the

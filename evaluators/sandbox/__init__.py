@@ -92,7 +92,7 @@ def get_sandbox(
                 raise ValueError(f"the docker sandbox backend cannot run here: {why}")
             warnings.warn(
                 f"sandbox 'auto': {why}; using the process backend, which does not isolate the "
-                "filesystem or the network (see README, 'The sandbox')",
+                "filesystem or the network (see docs/sandbox.md, 'Process')",
                 RuntimeWarning,
                 stacklevel=2,
             )
