@@ -75,15 +75,25 @@ class CandidateJob:
 def evaluator_source(problem: Problem) -> str:
     """A hash of what scores a candidate of `problem`: the source of its module and every project
     module that imports (discover/code_version.py), of the sandbox backends (evaluators/sandbox and
-    what it imports), of this module, and every file of the problem's domain folder (drivers and
-    programs that are read as text and sent into the sandbox)."""
+    what it imports), of this module, and every file of the problem's domain folder, data included
+    (drivers and programs read as text and sent into the sandbox, test cases, published
+    constructions; compiled caches left out), so a resumed step never reuses a verdict given by other
+    evaluator files."""
     modules = {__name__, *module_closure(type(problem).__module__), *module_closure(sandbox_for.__module__)}
     h = hashlib.sha256(source_digest(modules).encode())
     module = inspect.getmodule(type(problem))
     if module is not None and module.__name__.count(".") >= 2:  # evaluators/<domain>/<module>.py
-        folder = Path(inspect.getfile(module)).parent
-        for path in sorted(folder.rglob("*.py")):
-            h.update(str(path.relative_to(folder)).encode() + b"\0" + path.read_bytes())
+        h.update(domain_digest(Path(inspect.getfile(module)).parent).encode())
+    return h.hexdigest()
+
+
+@lru_cache(maxsize=16)
+def domain_digest(folder: Path) -> str:
+    """sha256 over the relative path and bytes of every file under `folder` but Python's compiled
+    caches (a few MB at most: AtCoder's public cases are the largest); per process, as the code."""
+    h = hashlib.sha256()
+    for path in sorted(p for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"):
+        h.update(str(path.relative_to(folder)).encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()
 
 

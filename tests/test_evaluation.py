@@ -121,6 +121,23 @@ def test_a_failed_evaluation_is_named_and_the_others_are_kept(run: Run) -> None:
     assert len(session.store.keys()) == 7
 
 
+def test_the_evaluator_digest_covers_the_data_files_of_the_domain_folder(tmp_path: Path) -> None:
+    """A test case or published construction changed between a kill and a resume changes the
+    evaluator's digest, so no stored verdict of the old files is reused; compiled caches do not."""
+    from discover.evaluation import domain_digest
+
+    folder = tmp_path / "domain"
+    (folder / "data" / "cases").mkdir(parents=True)
+    (folder / "problem.py").write_text("X = 1\n")
+    (folder / "data" / "cases" / "0000.txt").write_text("3\n1 2 3\n")
+    before = domain_digest(folder)
+    (folder / "__pycache__").mkdir()
+    (folder / "__pycache__" / "problem.cpython-311.pyc").write_bytes(b"\0\1")
+    assert domain_digest.__wrapped__(folder) == before
+    (folder / "data" / "cases" / "0000.txt").write_text("3\n1 2 4\n")
+    assert domain_digest.__wrapped__(folder) != before
+
+
 def test_the_key_holds_run_step_content_parent_and_evaluator() -> None:
     toy, erdos = get_problem("toy"), get_problem("erdos")
     parent = ParentView("", "12")
