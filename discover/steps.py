@@ -228,11 +228,12 @@ def train(run: Run, step: int) -> Ref:
     stats["lazy_children"] = lazy
     src, dst = inputs["checkpoint"], run.writes("train", step)
     t0 = time.time()
-    if config.train.objective == "none":
-        with atomic_dir(dst) as tmp:  # search only: the policy stays as it was
-            shutil.copytree(src, tmp, dirs_exist_ok=True)
-    else:
+    stats["optimizer_step"] = config.train.objective != "none" and not _nothing_to_learn(stats, src)
+    if stats["optimizer_step"]:
         stats |= _optimizer_step(run, rollouts, advantages, src, dst)
+    else:
+        with atomic_dir(dst) as tmp:  # the policy stays as it was
+            shutil.copytree(src, tmp, dirs_exist_ok=True)
     stats["seconds"] = time.time() - t0
     atomic_write_json(run.layout.train_stats(step), stats)
     beta = f"{stats['beta_mean']:.3g}" if stats["beta_mean"] is not None else "n/a"
@@ -282,6 +283,16 @@ def step_advantages(
         "groups_with_signal": int(sum(np.any(a != 0) for a in advantages.values())),
     }
     return advantages, stats
+
+
+def _nothing_to_learn(stats: dict[str, Any], checkpoint: Path) -> bool:
+    """No group has a non-zero advantage and the policy is still the base model: the loss is then
+    the KL term alone, whose gradient at the base model is zero, so what a step would compute is
+    rounding noise, which Adam scales up to a full learning-rate step in a random direction
+    (docs/method.md §2, "Not in the paper"). Such a step is not taken."""
+    from discover.policy.trainer import adapter_is_identity
+
+    return stats["groups_with_signal"] == 0 and adapter_is_identity(checkpoint / "adapter")
 
 
 def _optimizer_step(run: Run, rollouts: list[Rollout], advantages: dict[int, np.ndarray], src: Path, dst: Path) -> dict[str, Any]:

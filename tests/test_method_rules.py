@@ -62,3 +62,50 @@ def test_lazy_penalty_replaces_the_reward_of_children_already_in_the_archive() -
     out, changed = lazy_rewards(rewards, evaluations, {"key:12", "key:34"}, lambda code, c: f"key:{c}", -0.1)
     assert out == {(0, 0): -0.1, (0, 1): 0.6, (1, 0): 0.0, (1, 1): -0.1}
     assert changed == 2 and rewards[(0, 0)] == 0.4  # the input is left untouched
+
+
+def _set_rewards(run: Run, step: int, rewards: list[float]) -> None:
+    """Give the step's evaluations these rewards (in rollout order), as if the problem had scored them so."""
+    import dataclasses
+
+    from discover.run import read_evaluations
+    from storage.tables import write_records
+
+    path = run.layout.evaluations(step)
+    evaluations = [dataclasses.replace(e, reward=r, valid=True) for e, r in zip(read_evaluations(path), rewards, strict=True)]
+    write_records(path, evaluations, Evaluation)
+
+
+def test_no_step_is_taken_on_rounding_noise_at_the_base_model(tmp_path: Path, tiny_model_cache: Path) -> None:
+    """docs/method.md §2, not in the paper: without a group with signal and with the adapter still the
+    identity, the checkpoint is copied as it is; once the adapter has moved, a step without signal
+    trains (the KL term), and a step with signal always does."""
+    import json
+
+    from discover import steps
+    from storage.atomic import content_hash
+
+    run = steps.create_run(parse_config(tiny_toy_config(tmp_path / "run", steps=3)))
+    steps.initialise(run)
+
+    def step(s: int, rewards: list[float]) -> dict:
+        steps.select_parents(run, s)
+        steps.generate(run, s)
+        steps.evaluate(run, s)
+        _set_rewards(run, s, rewards)
+        steps.update_archive(run, s)
+        steps.train(run, s)
+        return json.loads(run.layout.train_stats(s).read_text())
+
+    flat = [0.5] * 8  # 2 groups of 4 with equal rewards: no signal
+    stats = step(0, flat)
+    assert stats["optimizer_step"] is False and stats["groups_with_signal"] == 0 and "loss" not in stats
+    assert content_hash(run.layout.checkpoint(1)) == content_hash(run.layout.checkpoint(0))
+
+    stats = step(1, [0.0, 0.25, 0.5, 1.0] + [0.5] * 4)  # one group with signal
+    assert stats["optimizer_step"] is True and stats["groups_with_signal"] == 1 and stats["grad_norm"] > 0
+    assert content_hash(run.layout.checkpoint(2) / "adapter") != content_hash(run.layout.checkpoint(1) / "adapter")
+
+    stats = step(2, flat)  # no signal, but the adapter has moved: the KL term trains
+    assert stats["optimizer_step"] is True and stats["groups_with_signal"] == 0 and stats["grad_norm"] > 0
+    assert content_hash(run.layout.checkpoint(3) / "adapter") != content_hash(run.layout.checkpoint(2) / "adapter")

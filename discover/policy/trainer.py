@@ -377,6 +377,16 @@ class LoRATrainer:
             os.replace(tmp_opt, optimizer_path)
 
 
+def adapter_is_identity(adapter_dir: Path) -> bool:
+    """Whether a saved LoRA adapter leaves the base model unchanged: every `lora_B` matrix is zero
+    (PEFT's initialisation; also after steps that did not train). Then the policy is the base model,
+    and the KL term's gradient is zero but for rounding."""
+    from safetensors import safe_open
+
+    with safe_open(str(Path(adapter_dir) / "adapter_model.safetensors"), framework="pt") as f:
+        return all(not f.get_tensor(k).any() for k in f.keys() if ".lora_B." in k)
+
+
 def _atomic_replace_dir(tmp: Path, target: Path) -> None:
     old = None
     if target.exists():
