@@ -106,11 +106,13 @@ def test_a_task_whose_inputs_are_unchanged_is_not_run_again(run: Run, prefect_ap
 
 # -- the code a task runs is in its key (discover/code_version.py) -----------------------------
 
+# The digest of the code a step runs (flows/cache.py `steps_code_digest`), in a fresh process of the
+# copied tree: discover/code_version.py reads sources without importing them, so this is quick.
 _KEY_SCRIPT = """
-import flows.cache, sys
-from flows.cache import StepSource
-assert flows.cache.__file__.startswith(sys.argv[1]), flows.cache.__file__
-print(StepSource(name="generate").compute_key(task_ctx=None, inputs={}, flow_parameters={}))
+import sys
+from discover import code_version
+assert code_version.__file__.startswith(sys.argv[1]), code_version.__file__
+print(code_version.source_digest(code_version.module_closure("discover.steps")))
 """
 
 
@@ -130,6 +132,14 @@ def test_the_step_closure_holds_the_helpers_a_step_calls_and_nothing_outside() -
     ):
         assert name in closure, name
     assert not {m for m in closure if m.split(".")[0] in ("cli", "flows", "tests")}
+
+
+def test_the_step_source_key_is_the_digest_of_the_code_a_step_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    from flows import cache
+
+    key = cache.StepSource(name="generate").compute_key(task_ctx=None, inputs={}, flow_parameters={})
+    monkeypatch.setattr(cache, "steps_code_digest", lambda: "other code")
+    assert cache.StepSource(name="generate").compute_key(task_ctx=None, inputs={}, flow_parameters={}) != key
 
 
 def test_an_edit_in_a_helper_a_step_calls_changes_the_key(tmp_path: Path) -> None:

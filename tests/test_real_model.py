@@ -95,10 +95,38 @@ def test_the_sampler_and_the_learner_agree_on_real_weights(smollm2) -> None:
 
 
 @needs_model
-def test_discover_run_on_the_real_model_completes_two_steps_and_reports_its_text(tmp_path: Path, cli_env: dict[str, str], smollm2) -> None:
+def test_a_training_step_on_real_weights_moves_the_policy_towards_the_rewarded_answer(tiny_model_cache: Path) -> None:
+    """One optimizer step of the LoRA adapter on SmolLM2 (gradient checkpointing on, as the real-model
+    configurations have it): the answer with the positive advantage gains log-probability on the one
+    with the negative advantage (Adam's first step goes along the sign of the gradient, so the loss
+    falls to first order), and the statistics are finite."""
+    import math
+
+    from discover.config import TrainConfig
+    from discover.policy import TrainBatch
+    from discover.policy.registry import load_policy
+
+    policy = load_policy(ModelConfig(name=MODEL, device="cpu", lora_rank=4, gradient_checkpointing=True), seed=0)
+    settings = SamplingConfig(temperature=1.0, context_tokens=256, max_answer_tokens=12)
+    (good,), (bad,) = policy.sample(["Name a prime number.", "Write one word."], 1, settings, seed=3)
+
+    def margin() -> float:
+        good_lp, bad_lp = policy.sequence_logprobs([good, bad], temperature=1.0)
+        return float(good_lp.sum() - bad_lp.sum())
+
+    before = margin()
+    stats = policy.train_step(TrainBatch([good, bad], [1.0, -1.0]), TrainConfig(learning_rate=1e-4, kl_coef=0.0), temperature=1.0)
+    assert all(math.isfinite(stats[k]) for k in ("loss", "grad_norm")) and stats["grad_norm"] > 0
+    assert margin() > before
+
+
+@needs_model
+def test_discover_run_on_the_real_model_completes_a_step_and_reports_its_text(tmp_path: Path, cli_env: dict[str, str], smollm2) -> None:
+    """One step (select, generate, evaluate, archive, train) of the configuration users start from,
+    small: the tiny model's runs test the loop; this one that the real model goes through it."""
     config = yaml.safe_load((Path(__file__).parents[1] / "configs" / "smollm2-circles.yaml").read_text())
-    config.update(run_dir=str(tmp_path / "run"), steps=2, groups=1, rollouts_per_group=2)
-    config["sampling"]["max_answer_tokens"] = 48
+    config.update(run_dir=str(tmp_path / "run"), steps=1, groups=1, rollouts_per_group=2)
+    config["sampling"]["max_answer_tokens"] = 40
     config["sandbox"]["backend"] = "process"
     path = tmp_path / "smollm2.yaml"
     path.write_text(yaml.safe_dump(config))
