@@ -143,8 +143,9 @@ def test_an_existing_dask_cluster_must_offer_what_a_candidate_needs(tmp_path: Pa
     from discover.config import parse_config
     from flows.engines import evaluation_engine
 
-    def engine(address: str):
-        return evaluation_engine(Run.create(parse_config(_config(tmp_path / "run", runner="dask", address=address))))
+    def engine(address: str):  # a run of its own per cluster: a run's evaluation section is the one it was created with
+        run_dir = tmp_path / f"run-{address.rsplit(':', 1)[-1]}"
+        return evaluation_engine(Run.create(parse_config(_config(run_dir, runner="dask", address=address))))
 
     common = {
         "n_workers": 1,
