@@ -28,6 +28,9 @@ TIMEOUT_S = 4.0
 ROOM_S = 240
 KILLED_WITHIN_S = TIMEOUT_S + ROOM_S
 PROBLEM = ErdosProblem(timeout_s=TIMEOUT_S, memory_mb=512, cpus=1)
+# How long killed processes may take to be gone after a run on a loaded machine (a condition is
+# polled: this only bounds a failure).
+GONE_WITHIN_S = 60
 HONEST = [0.5] * 20
 HONEST_REWARD = PROBLEM.verify(HONEST).reward
 RETURN_HONEST = f"    return {HONEST!r}\n"
@@ -194,7 +197,7 @@ def test_fork_bomb_is_contained(sandbox):
     )
     result = _evaluate(sandbox, program)
     assert result.reward == 0.0
-    deadline = time.monotonic() + 3
+    deadline = time.monotonic() + GONE_WITHIN_S
     while _named_pids(marker) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _named_pids(marker) == []
@@ -336,7 +339,7 @@ def test_background_processes_do_not_outlive_the_run(sandbox):
     )
     result = _evaluate(sandbox, program)
     assert result.reward == pytest.approx(HONEST_REWARD), result.reason
-    deadline = time.monotonic() + 3
+    deadline = time.monotonic() + GONE_WITHIN_S
     while _marker_pids(marker) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _marker_pids(marker) == []
