@@ -217,6 +217,7 @@ def test_thousand_evaluations_leave_no_container_and_no_process():
     elapsed = time.monotonic() - start
     assert sum(r.ok for r in results) == 750, {r.reason for r in results if not r.ok}
     assert len(_ours()) - containers_before <= concurrency  # the warm pool, nothing more
+    _wait_until(lambda: len(_run_uid_pids()) - procs_before <= 2 * concurrency)  # the last runs' leftovers, killed
     assert len(_run_uid_pids()) - procs_before <= 2 * concurrency  # keepers (+ init) only
     box.close()
     _wait_until(lambda: len(_ours()) == containers_before and len(_run_uid_pids()) == procs_before)
