@@ -25,8 +25,12 @@ REPO = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 4.0
 # A program that would run 1000 s must be stopped by the limit; the bound leaves room for start-up
 # on a loaded machine and is still far below what the program would take on its own.
-KILLED_WITHIN_S = TIMEOUT_S + 240
+ROOM_S = 240
+KILLED_WITHIN_S = TIMEOUT_S + ROOM_S
 PROBLEM = ErdosProblem(timeout_s=TIMEOUT_S, memory_mb=512, cpus=1)
+# How long killed processes may take to be gone after a run on a loaded machine (a condition is
+# polled: this only bounds a failure).
+GONE_WITHIN_S = 60
 HONEST = [0.5] * 20
 HONEST_REWARD = PROBLEM.verify(HONEST).reward
 RETURN_HONEST = f"    return {HONEST!r}\n"
@@ -63,12 +67,12 @@ def _marker_pids(marker: str) -> list[int]:
     return found
 
 
-def _evaluate(sandbox, program: str, honest: float = HONEST_REWARD):
+def _evaluate(sandbox, program: str, honest: float = HONEST_REWARD, problem: ErdosProblem = PROBLEM):
     """Run through the real problem; the reward must be 0 or `honest` (what it returned, re-scored)."""
     start = time.monotonic()
-    result = PROBLEM.evaluate(program, None, sandbox)
+    result = problem.evaluate(program, None, sandbox)
     elapsed = time.monotonic() - start
-    assert elapsed < KILLED_WITHIN_S, f"the run took {elapsed:.1f} s"
+    assert elapsed < problem.limits.timeout_s + ROOM_S, f"the run took {elapsed:.1f} s"
     assert result.reward in (0.0, pytest.approx(honest)), (result.reward, result.reason)
     assert os.getppid() > 1  # the test process and its parent are alive
     return result
@@ -79,21 +83,58 @@ def _strict(sandbox) -> bool:
     return sandbox.name == "docker" or os.geteuid() == 0
 
 
+# The network test's program must reach its end however the network answers: where outbound traffic
+# is dropped each connection waits out its own 1 s timeout and a name lookup its bound below, so it
+# gets its own wall-clock limit, generous for a loaded machine (PROBLEM's 4 s bounds programs that
+# are meant to be stopped).
+NETWORK_TIMEOUT_S = 60.0
+NETWORK_PROBLEM = ErdosProblem(timeout_s=NETWORK_TIMEOUT_S, memory_mb=512, cpus=1)
+RESOLVE_WITHIN_S = 5  # getaddrinfo has no timeout of its own: the program waits this long, no more
+
+
 def test_network_access_fails(sandbox):
+    # Connections to IP literals (a public host, the Docker daemon's TCP port on the default bridge),
+    # then a name lookup in a thread the program stops waiting for, then a connection to what the name
+    # resolved to, if anything. Every attempt prints its outcome; "NET DONE" shows the program ran to
+    # its end rather than being stopped by the time limit.
     program = (
-        "import socket\n"
+        "import socket, threading\n"
+        "def connect(host):\n"
+        "    try:\n"
+        "        socket.create_connection(host, timeout=1).close()\n"
+        "        print('NET OPEN', host, flush=True)\n"
+        "    except OSError as e:\n"
+        "        print('NET CLOSED', host, e, flush=True)\n"
         "def construct(parent):\n"
-        "    for host in [('1.1.1.1', 80), ('deb.debian.org', 80), ('172.17.0.1', 2375)]:\n"
+        "    for host in [('1.1.1.1', 80), ('172.17.0.1', 2375)]:\n"
+        "        connect(host)\n"
+        "    found = []\n"
+        "    def resolve():\n"
         "        try:\n"
-        "            socket.create_connection(host, timeout=1).close()\n"
-        "            print('NET OPEN', host, flush=True)\n"
+        "            found.append(socket.getaddrinfo('deb.debian.org', 80, proto=socket.IPPROTO_TCP)[0][4][:2])\n"
         "        except OSError as e:\n"
-        "            print('NET CLOSED', host, e, flush=True)\n" + RETURN_HONEST
+        "            found.append(e)\n"
+        "    lookup = threading.Thread(target=resolve, daemon=True)\n"
+        "    lookup.start()\n"
+        f"    lookup.join({RESOLVE_WITHIN_S})\n"
+        "    if not found:\n"
+        "        print('DNS UNANSWERED', flush=True)\n"
+        "    elif isinstance(found[0], tuple):\n"
+        "        print('DNS RESOLVED', found[0], flush=True)\n"
+        "        connect(found[0])\n"
+        "    else:\n"
+        "        print('DNS FAILED', found[0], flush=True)\n"
+        "    print('NET DONE', flush=True)\n" + RETURN_HONEST
     )
-    result = _evaluate(sandbox, program)
-    assert result.reward == pytest.approx(HONEST_REWARD)
+    result = _evaluate(sandbox, program, problem=NETWORK_PROBLEM)
+    # The program returned its honest value: trying the network neither crashed the run nor let it
+    # run past its limit (a timeout here would score 0 for the wrong reason).
+    assert result.valid and result.reward == pytest.approx(HONEST_REWARD), (result.reason, result.observation)
+    assert "NET DONE" in result.observation, result.observation
     if sandbox.name == "docker":
-        assert "NET OPEN" not in result.observation and result.observation.count("NET CLOSED") == 3
+        # No network at all: no connection opens and no name resolves.
+        assert "NET OPEN" not in result.observation and result.observation.count("NET CLOSED") == 2, result.observation
+        assert "DNS RESOLVED" not in result.observation, result.observation
 
 
 def test_host_files_and_environment_secrets_stay_hidden(sandbox, tmp_path, monkeypatch):
@@ -156,7 +197,7 @@ def test_fork_bomb_is_contained(sandbox):
     )
     result = _evaluate(sandbox, program)
     assert result.reward == 0.0
-    deadline = time.monotonic() + 3
+    deadline = time.monotonic() + GONE_WITHIN_S
     while _named_pids(marker) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _named_pids(marker) == []
@@ -298,7 +339,7 @@ def test_background_processes_do_not_outlive_the_run(sandbox):
     )
     result = _evaluate(sandbox, program)
     assert result.reward == pytest.approx(HONEST_REWARD), result.reason
-    deadline = time.monotonic() + 3
+    deadline = time.monotonic() + GONE_WITHIN_S
     while _marker_pids(marker) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _marker_pids(marker) == []

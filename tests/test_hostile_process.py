@@ -50,22 +50,33 @@ def _owned_in_scratch(uid: int) -> list[str]:
 
 # -- the whole tree's memory -----------------------------------------------------------------------
 
+# Each child holds its 100 MiB until all four have said (through a pipe) that they hold theirs, so
+# they certainly hold them at once however slowly a loaded machine runs them; a child killed before
+# it says so closes its end, and the parent stops waiting once every child has said so or died.
 FORKS_4_X_100_MB = """
-import os, time
+import os
 def construct(parent):
+    ready_r, ready_w = os.pipe()
+    go_r, go_w = os.pipe()
     kids = []
     for _ in range(4):
         pid = os.fork()
         if pid == 0:
+            os.close(go_w)
             block = bytearray(100 * 2**20)  # each child is far under RLIMIT_AS
             for i in range(0, len(block), 4096):
                 block[i] = 1
-            time.sleep(5)
+            os.write(ready_w, b"1")
+            os.close(ready_w)
+            os.read(go_r, 1)  # until the parent closes go_w
             os._exit(0)
         kids.append(pid)
+    os.close(ready_w)
+    held = sum(len(os.read(ready_r, 1)) for _ in range(4))
+    os.close(go_w)
     for pid in kids:
         os.waitpid(pid, 0)
-    return 'all four children held 100 MiB at once'
+    return 'all four children held 100 MiB at once' if held == 4 else f'only {held} children held 100 MiB'
 """
 
 
@@ -86,6 +97,7 @@ def test_children_each_under_the_limit_cannot_take_more_than_the_limit_together(
 def test_the_same_children_fit_under_a_larger_limit():
     result = run(FORKS_4_X_100_MB, memory_mb=1024)
     assert result.ok, result.reason
+    assert result.output == "all four children held 100 MiB at once"
 
 
 @needs_cgroup
@@ -247,21 +259,33 @@ def test_cpu_of_children_it_never_waits_for_is_recorded():
     assert case.cpu_s >= 0.8, (case.status, case.detail, case.cpu_s)
 
 
+# As FORKS_4_X_100_MB: each child holds its 100 MiB until all four have said they hold theirs.
 FORKS_IN_CPP = r"""
 #include <cstdio>
 #include <cstdlib>
 #include <sys/wait.h>
 #include <unistd.h>
 int main() {
+    int ready[2], go[2];
+    if (pipe(ready) != 0 || pipe(go) != 0) return 2;
     for (int i = 0; i < 4; i++)
         if (fork() == 0) {
+            close(go[1]);
             volatile char *p = (volatile char *)malloc(100 << 20);  // volatile: not optimised away
             for (int j = 0; j < (100 << 20); j += 4096) p[j] = 1;
-            sleep(3);
+            if (write(ready[1], "1", 1) != 1) return 3;
+            close(ready[1]);
+            char c;
+            if (read(go[0], &c, 1) < 0) return 4;  // until the parent closes go[1]
             return p[4096] - 1;
         }
+    close(ready[1]);
+    char c;
+    int held = 0;
+    while (held < 4 && read(ready[0], &c, 1) == 1) held++;
+    close(go[1]);
     while (wait(nullptr) > 0) {}
-    puts("held 400 MiB");
+    printf("held %d x 100 MiB\n", held);
     return 0;
 }
 """

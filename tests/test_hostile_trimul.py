@@ -123,18 +123,31 @@ def test_past_the_rules_no_attack_beats_the_honest_kernel_on_the_docker_backend(
 
 
 # A kernel that leaves a grandchild behind (double fork, new session) to write a file after the run.
+# The kernel goes on only once the grandchild runs (it writes its pid, then says so through a pipe),
+# and the grandchild writes its marker only once the run has reported (the test creates REPORTED),
+# so however slow the machine, the grandchild certainly lives through the run and only a grandchild
+# that outlived it can write the marker.
 _LINGERER = (
     """
 import os
 import time
 
+_started, _announce = os.pipe()
 if os.fork() == 0:
     os.setsid()
     if os.fork() == 0:
-        time.sleep(3)
+        with open(GRANDCHILD, "w") as f:
+            f.write(str(os.getpid()))
+        os.write(_announce, b"1")
+        _deadline = time.monotonic() + 900
+        while not os.path.exists(REPORTED) and time.monotonic() < _deadline:
+            time.sleep(0.05)
         with open(MARKER, "w") as f:
             f.write("outlived the run")
     os._exit(0)
+os.close(_announce)
+os.read(_started, 1)
+os.close(_started)
 os.wait()
 """
     + CORRECT_TORCH
@@ -142,13 +155,29 @@ os.wait()
 
 _RUN_THE_TIMER = """
 import json, os, sys, time
-program, job = sys.argv[1], json.loads(sys.argv[2])
+program, job, pidfile, reported, marker = sys.argv[1], json.loads(sys.argv[2]), *sys.argv[3:]
 namespace = {"__name__": "timer"}
 exec(compile(open(program).read(), "timer", "exec"), namespace)
 report = namespace["main"](job)
-time.sleep(5)  # no sandbox here to kill what is left: only the timer's own cleanup can
-print(json.dumps({"error": report.get("error"), "rejected": report.get("rejected"), "calls": len(report["calls"])}))
+# No sandbox here to kill what is left: only the timer's own cleanup can. The grandchild must be gone
+# now, before anyone is told the run is over (a zombie is gone: it runs nothing).
+pid = int(open(pidfile).read())
+try:
+    with open(f"/proc/{pid}/stat") as f:
+        alive = f.read().rsplit(")", 1)[1].split()[0] != "Z"
+except OSError:
+    alive = False
+open(reported, "w").close()  # a grandchild still alive writes its marker now
+if alive:  # let it show what it does, then end it
+    deadline = time.monotonic() + 60
+    while not os.path.exists(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    os.kill(pid, 9)
+summary = {"error": report.get("error"), "rejected": report.get("rejected"), "calls": len(report["calls"])}
+print(json.dumps({**summary, "grandchild_alive": alive}))
 """
+# The timer's run (the Triton interpreter on CPU) on a loaded 2-core machine: generous.
+TIMER_RUN_TIMEOUT_S = 900
 
 
 @pytest.mark.slow
@@ -160,13 +189,14 @@ def test_the_timer_kills_everything_the_kernel_started_before_it_reports(tmp_pat
 
     from evaluators.kernels.trimul.problem import SAMPLING, SHAPES
 
-    marker = tmp_path / "marker"
+    marker, grandchild, reported = tmp_path / "marker", tmp_path / "grandchild.pid", tmp_path / "reported"
     program = tmp_path / "timer.py"
     program.write_text(PROBLEM.driver_program)
     shape = [s for s in SHAPES["tests"] if s["seqlen"] == 32][0]
+    names = f"MARKER = {str(marker)!r}\nGRANDCHILD = {str(grandchild)!r}\nREPORTED = {str(reported)!r}\n"
     job = {
         "device": "cpu",
-        "source": f"MARKER = {str(marker)!r}\n" + _LINGERER,
+        "source": names + _LINGERER,
         "kernel_program": PROBLEM.kernel_program,
         "tests": [shape],
         "test_seeds": [[shape["seed"]]],
@@ -177,12 +207,18 @@ def test_the_timer_kills_everything_the_kernel_started_before_it_reports(tmp_pat
     workdir = tmp_path / "run"
     workdir.mkdir()
     proc = subprocess.run(
-        [sys.executable, "-c", _RUN_THE_TIMER, str(program), json.dumps(job)], cwd=workdir, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", _RUN_THE_TIMER, str(program), json.dumps(job), str(grandchild), str(reported), str(marker)],
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        timeout=TIMER_RUN_TIMEOUT_S,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert summary == {"error": None, "rejected": None, "calls": 1}, proc.stderr[-3000:]
-    assert not marker.exists()  # the grandchild was killed with the kernel process
+    # The kernel ran (its one test call checked) with the grandchild alive beside it ...
+    assert summary == {"error": None, "rejected": None, "calls": 1, "grandchild_alive": False}, proc.stderr[-3000:]
+    # ... which was killed with the kernel process before the report: it never wrote its marker.
+    assert not marker.exists()
 
 
 @pytest.mark.gpu

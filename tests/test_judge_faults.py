@@ -13,10 +13,12 @@ import pytest
 from discover import steps
 from discover.config import parse_config
 from discover.evaluation import EVALUATOR_FAULT, CandidateJob, Resources, run_job
-from discover.run import Run, read_evaluations
+from discover.records import Rollout
+from discover.run import Run, read_evaluations, read_rollouts
 from evaluators.sandbox.base import InfrastructureError, infrastructure_failure
 from evaluators.sandbox.native import SessionError
 from evaluators.toy.digits import DigitsProblem
+from storage.tables import write_records
 from tests.conftest import tiny_toy_config
 
 BIG = "Exceeds the limit (4300 digits) for integer string conversion"
@@ -94,9 +96,11 @@ def test_a_run_step_with_a_candidate_that_breaks_the_judge_finishes_and_stores_i
     tmp_path: Path, tiny_model_cache: Path, monkeypatch
 ) -> None:
     """End to end, the step's five tasks as the run's flow calls them (discover/steps.py, no
-    Prefect): the tiny model's answers (lenient toy: nearly every one a candidate), the judge raises
-    on those starting with an odd digit; the step finishes, those are scored 0 with the fault in
-    evaluations.parquet, and re-evaluating the step (a resume) judges none of them again."""
+    Prefect): the tiny model's rollouts, their answers replaced by known ones (what the random model
+    writes depends on the machine's arithmetic), half of them starting with an odd digit, on which
+    the judge raises; the step finishes, those are scored 0 with the fault in evaluations.parquet,
+    the others get their honest verdicts, and re-evaluating the step (a resume) judges none of them
+    again."""
     honest = DigitsProblem.evaluate
     judged: list[str] = []
 
@@ -107,24 +111,32 @@ def test_a_run_step_with_a_candidate_that_breaks_the_judge_finishes_and_stores_i
         return honest(self, candidate, parent, sandbox)
 
     monkeypatch.setattr(DigitsProblem, "evaluate", evaluate)
-    config = parse_config(tiny_toy_config(tmp_path / "run", steps=1, problem_options={"lenient": True}))
+    config = parse_config(tiny_toy_config(tmp_path / "run", steps=1))
     run = steps.create_run(config)
     steps.initialise(run)
     steps.select_parents(run, 0)
     steps.generate(run, 0)
+    # Known answers: first digits 0, 1, 2, ... (odd and even alternate), then the target's next three
+    # digits, so every answer is a valid candidate with a reward above 0 whatever the judge's fault.
+    rest = "".join(map(str, run.problem()._target[1:4]))
+    rollouts = read_rollouts(run.layout.rollouts(0))
+    answers = [f"{i % 10}{rest}" for i in range(len(rollouts))]
+    write_records(run.layout.rollouts(0), [dataclasses.replace(r, answer=a) for r, a in zip(rollouts, answers)], Rollout)
     steps.evaluate(run, 0)
     steps.update_archive(run, 0)
     steps.train(run, 0)
 
     evaluations = read_evaluations(run.layout.evaluations(0))
-    broken = [e for e in evaluations if e.code[:1] in "13579" and e.code]
-    fine = [e for e in evaluations if e.code[:1] not in "13579" and e.code]
-    assert broken and fine, [e.code for e in evaluations]
+    assert [e.code for e in evaluations] == answers
+    broken = [e for e in evaluations if e.code[:1] in "13579"]
+    fine = [e for e in evaluations if e.code[:1] not in "13579"]
+    assert len(broken) == len(fine) == len(answers) // 2
     for e in broken:
         assert (e.valid, e.reward) == (False, 0.0)
         assert e.reason.startswith(f"{EVALUATOR_FAULT}: judging this candidate raised ValueError: Exceeds the limit")
-    assert all(e.valid and e.reward > 0 or e.reason for e in fine)
-    assert not any(EVALUATOR_FAULT in e.reason for e in fine)
+    for e in fine:  # judged as ever: valid, and the reward the problem gives
+        assert e.valid and e.reward > 0 and e.reward == pytest.approx(honest(run.problem(), e.code, None).reward), e
+        assert e.reason == ""
     assert Run.open(run.root).layout.archive(1).is_file()
 
     judged.clear()  # a resumed step: the stored verdicts are read back, nothing is judged again

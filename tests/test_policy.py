@@ -158,11 +158,20 @@ def test_sequence_logprobs_take_the_temperature_and_not_the_last_samples(samples
 def test_eos_is_kept_with_mask_one():
     policy = _load()
     eos = policy.sampler.tokenizer.eos_token_id
-    # a high temperature flattens the random model so that EOS (1 token of 512) comes up
-    settings = SamplingConfig(context_tokens=2048, max_answer_tokens=60, temperature=5.0)
-    comps = policy.sample(["x"], 64, settings, seed=0)[0]
+    # EOS made likely (as tests/test_chat_format.py does for '</think>'): a bias of 5 on its logit gives
+    # it about one chance in five a token against the random model's other 511, so nearly every
+    # completion stops at EOS, most after some other tokens, whatever the machine's arithmetic.
+    head = policy.trainer.model.get_base_model().get_output_embeddings()
+    bias = torch.zeros(head.weight.shape[0])
+    bias[eos] = 5.0
+    hook = head.register_forward_hook(lambda module, args, out: out + bias.to(out.dtype))
+    try:
+        settings = SamplingConfig(context_tokens=2048, max_answer_tokens=60, temperature=1.0)
+        comps = policy.sample(["x"], 64, settings, seed=0)[0]
+    finally:
+        hook.remove()
     stopped = [c for c in comps if c.finish_reason == "stop"]
-    assert stopped, "expected at least one EOS among 64 x 60 random tokens"
+    assert any(len(c.completion_ids) > 1 for c in stopped), [(c.finish_reason, len(c.completion_ids)) for c in comps]
     for c in stopped:
         assert c.completion_ids[-1] == eos and c.loss_mask[-1] == 1
         assert eos not in c.completion_ids[:-1]

@@ -30,8 +30,8 @@ import yaml
 
 from discover.run import TASKS
 from storage.manifest import read_manifest
+from tests.conftest import SERVER_STARTUP_TIMEOUT_S, tiny_toy_config
 from tests.conftest import archive_records as read_archive
-from tests.conftest import tiny_toy_config
 
 pytestmark = pytest.mark.slow
 
@@ -39,6 +39,15 @@ REPO = Path(__file__).resolve().parents[1]
 V1_COMPLETE = REPO / "tests" / "fixtures" / "v1-runs" / "complete"  # a toy run whose archive holds children
 BIN = Path(sys.executable).parent
 TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
+# Every wait here is generous for a loaded 2-core machine (the server, its workers, their flow runs
+# and a reference CLI run share it, beside other work): a slow machine only makes the test slower.
+# A flow run, a held task, or the reference CLI run reaching its state:
+RUN_WAIT_S = 900
+# One CLI command (`prefect deploy --all`, `discover setup`, ...), each starting a Python interpreter
+# that imports Prefect and talks to the server:
+COMMAND_TIMEOUT_S = 600
+# One HTTP request to the server (SQLite, busy with the workers' flow runs):
+HTTP_TIMEOUT_S = 60
 
 
 def _config(run_dir: Path) -> dict:
@@ -112,11 +121,11 @@ def test_deployments_workers_kill_retry_and_scheduled_reevaluation(tmp_path: Pat
     user, password = "discover", secrets.token_urlsafe(16)
     # Clients carry the credentials (docs/operations.md, "Securing the server and the cluster").
     env = dict(base_env, PREFECT_HOME=str(tmp_path / "prefect-home"), PREFECT_API_URL=api, PREFECT_API_AUTH_STRING=f"{user}:{password}")
-    http = httpx.Client(auth=(user, password), timeout=10)
+    http = httpx.Client(auth=(user, password), timeout=HTTP_TIMEOUT_S)
     for name in ("deployed", "killed", "cli"):
         (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(_config(tmp_path / name)))
 
-    def prefect(*args: str, timeout: float = 120) -> str:
+    def prefect(*args: str, timeout: float = COMMAND_TIMEOUT_S) -> str:
         proc = subprocess.run(
             [str(BIN / "prefect"), "--no-prompt", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
         )
@@ -130,7 +139,7 @@ def test_deployments_workers_kill_retry_and_scheduled_reevaluation(tmp_path: Pat
     def state(flow_run_id: str) -> str:
         return http.get(f"{api}/flow_runs/{flow_run_id}").json()["state"]["type"]
 
-    def wait_state(flow_run_id: str, wanted: str, worker: str, timeout: float = 240) -> None:
+    def wait_state(flow_run_id: str, wanted: str, worker: str, timeout: float = RUN_WAIT_S) -> None:
         final = _wait(
             f"flow run {flow_run_id} to reach {wanted}",
             lambda: (s := state(flow_run_id)) in TERMINAL | {wanted} and s,
@@ -146,27 +155,38 @@ def test_deployments_workers_kill_retry_and_scheduled_reevaluation(tmp_path: Pat
         procs.start("server", [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)], server_env)
 
         def healthy() -> bool:
+            # A server that exited fails at once instead of after the generous wait.
+            server = procs.procs["server"][0]
+            if server.poll() is not None:
+                pytest.fail(f"the Prefect server exited with {server.returncode}:\n{procs.log('server')[-4000:]}")
             try:
-                return httpx.get(f"{api}/health", timeout=2).status_code == 200
+                return httpx.get(f"{api}/health", timeout=HTTP_TIMEOUT_S).status_code == 200
             except httpx.HTTPError:
                 return False
 
-        _wait("the Prefect server to answer /api/health", healthy, 90, lambda: procs.log("server"))
+        _wait("the Prefect server to answer /api/health", healthy, SERVER_STARTUP_TIMEOUT_S, lambda: procs.log("server"))
         assert (tmp_path / "prefect-home" / "prefect.db").is_file()  # the default SQLite database
         # Without the credentials, or with wrong ones, the API refuses: over HTTP and from the CLI.
-        assert httpx.post(f"{api}/deployments/filter", json={}, timeout=10).status_code == 401
-        assert httpx.post(f"{api}/deployments/filter", json={}, auth=(user, "wrong"), timeout=10).status_code == 401
+        assert httpx.post(f"{api}/deployments/filter", json={}, timeout=HTTP_TIMEOUT_S).status_code == 401
+        assert httpx.post(f"{api}/deployments/filter", json={}, auth=(user, "wrong"), timeout=HTTP_TIMEOUT_S).status_code == 401
         assert http.post(f"{api}/deployments/filter", json={}).status_code == 200
         anonymous = {k: v for k, v in env.items() if k != "PREFECT_API_AUTH_STRING"}
         refused = subprocess.run(
-            [str(BIN / "prefect"), "--no-prompt", "work-pool", "ls"], cwd=REPO, env=anonymous, capture_output=True, text=True, timeout=120
+            [str(BIN / "prefect"), "--no-prompt", "work-pool", "ls"],
+            cwd=REPO,
+            env=anonymous,
+            capture_output=True,
+            text=True,
+            timeout=COMMAND_TIMEOUT_S,
         )
         assert refused.returncode != 0 and "401" in refused.stdout + refused.stderr, refused.stdout + refused.stderr
         # The uninterrupted reference: the same configuration through the CLI, beside the workers.
         procs.start("cli", [sys.executable, "-m", "cli", "run", str(tmp_path / "cli.yaml")], env)
-        infra = subprocess.run([sys.executable, "-m", "cli", "setup"], cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+        infra = subprocess.run(
+            [sys.executable, "-m", "cli", "setup"], cwd=REPO, env=env, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S
+        )
         assert infra.returncode == 0, infra.stdout + infra.stderr
-        prefect("deploy", "--all", timeout=180)
+        prefect("deploy", "--all")
 
         worker_cmd = [str(BIN / "prefect"), "worker", "start", "--pool", "discover-process", "--type", "process"]
         procs.start("worker-1", worker_cmd, env)
@@ -189,7 +209,7 @@ def test_deployments_workers_kill_retry_and_scheduled_reevaluation(tmp_path: Pat
         procs.start("worker-2", worker_cmd, dict(env, DISCOVER_HOLD_AT="evaluate:1:start", PYTHONPATH=faults))
         killed = tmp_path / "killed"
         run_b = run_deployment("discovery-run/process", config_path=str(tmp_path / "killed.yaml"))
-        _wait("the run to reach step 1's evaluate task", lambda: (killed / ".held").is_file(), 240, lambda: procs.log("worker-2"))
+        _wait("the run to reach step 1's evaluate task", lambda: (killed / ".held").is_file(), RUN_WAIT_S, lambda: procs.log("worker-2"))
         # The worker and its flow-run process, like a machine that died: the process worker starts
         # each flow run in a session of its own, so killing the worker's group leaves it running.
         held_pid = int((killed / ".held").read_text().strip().split(":")[2])
@@ -207,7 +227,7 @@ def test_deployments_workers_kill_retry_and_scheduled_reevaluation(tmp_path: Pat
         (killed / ".held").unlink()
         procs.start("worker-3", worker_cmd, env)
         marked = subprocess.run(
-            [sys.executable, "-m", "cli", "crashed", run_b], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
+            [sys.executable, "-m", "cli", "crashed", run_b], cwd=REPO, env=env, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S
         )
         assert marked.returncode == 0 and state(run_b) == "CRASHED", marked.stdout + marked.stderr
         prefect("flow-run", "retry", run_b)
@@ -216,7 +236,7 @@ def test_deployments_workers_kill_retry_and_scheduled_reevaluation(tmp_path: Pat
         assert executions == before + [(1, "evaluate"), (1, "update_archive"), (1, "train")], executions
 
         cli = procs.procs["cli"][0]
-        cli.wait(timeout=300)
+        cli.wait(timeout=RUN_WAIT_S)
         assert cli.returncode == 0, procs.log("cli")
         assert _archive(killed) == _archive(tmp_path / "cli") == _archive(deployed)
 
@@ -227,7 +247,7 @@ def test_deployments_workers_kill_retry_and_scheduled_reevaluation(tmp_path: Pat
         shutil.copytree(V1_COMPLETE, rescored)
         procs.start("gpu-worker", [str(BIN / "prefect"), "worker", "start", "--pool", "gpu-h100", "--type", "process"], env)
         run_c = run_deployment("reevaluate/gpu-h100", run_dir=str(rescored), top_k=3)
-        wait_state(run_c, "COMPLETED", "gpu-worker", timeout=180)
+        wait_state(run_c, "COMPLETED", "gpu-worker")
         tables = sorted((rescored / "reevaluations").glob("*-gpu-h100.parquet"))
         assert len(tables) == 1 and tables[0].with_suffix(".md").is_file()
         import pyarrow.parquet as pq

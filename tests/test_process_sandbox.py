@@ -35,7 +35,9 @@ def _live_pids_in_group(pgid: int) -> list[int]:
     return live
 
 
-def _wait_dead(pid: int, seconds: float = 2.0) -> bool:
+def _wait_dead(pid: int, seconds: float = 60.0) -> bool:
+    """Whether `pid` is gone, polled for up to `seconds` (generous: a killed process exits once
+    it is scheduled, later on a loaded machine)."""
     deadline = time.monotonic() + seconds
     while alive(pid) and time.monotonic() < deadline:
         time.sleep(0.02)
