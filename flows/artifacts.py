@@ -3,7 +3,7 @@ picture; at the end the report.
 
 Thin: the records come from discover/metrics.py, the picture and the report from
 discover/report.py. Artifact keys hold the run id, so each run's artifacts form one history per key
-in the UI (lowercase letters, digits and dashes).
+in the UI (flows/naming.py: `discover-<run>-<id>-<what>`).
 """
 
 from __future__ import annotations
@@ -15,10 +15,7 @@ from prefect.artifacts import create_image_artifact, create_markdown_artifact, c
 
 from discover import metrics, report
 from discover.run import Run
-
-
-def _key(run: Run, what: str) -> str:
-    return f"discover-{run.run_id[:12]}-{what}"
+from flows.naming import artifact_key
 
 
 def _data_url(png: Path) -> str:
@@ -33,14 +30,14 @@ def publish_step(run: Run, step: int) -> None:
     records = metrics.publish_metrics(run, step)
     keys = list(dict.fromkeys(k for _, r in records for k in r))  # one set of columns, None where a step lacks a key
     rows = [{"step": s, **{k: r.get(k) for k in keys}} for s, r in records]
-    create_table_artifact(rows, key=_key(run, "steps"), description=f"{run.root}: metrics record of each step after step {step}")
+    create_table_artifact(rows, key=artifact_key(run, "steps"), description=f"{run.root}: metrics record of each step after step {step}")
     png = report.reward_figure(run, run.root / report.REPORT_DIR / "rewards.png")
-    create_image_artifact(_data_url(png), key=_key(run, "rewards"), description=f"{run.root}: rewards by step after step {step}")
+    create_image_artifact(_data_url(png), key=artifact_key(run, "rewards"), description=f"{run.root}: rewards by step after step {step}")
 
 
 def publish_report(run: Run) -> Path:
     """Write RUN_DIR/report/report.md (with its PNG) and show it as a Markdown artifact."""
     path = report.write_report(run)
     text = path.read_text().replace("](rewards.png)", f"]({_data_url(path.parent / 'rewards.png')})")
-    create_markdown_artifact(text, key=_key(run, "report"), description=f"report written to {path}")
+    create_markdown_artifact(text, key=artifact_key(run, "report"), description=f"report written to {path}")
     return path

@@ -17,6 +17,8 @@ from prefect.context import FlowRunContext
 
 from discover.reevaluation import reevaluate_run, table_rows
 from discover.run import Run
+from flows.logs import forward_project_logs
+from flows.naming import reevaluation_key, run_name
 
 log = logging.getLogger("discover")
 
@@ -26,7 +28,13 @@ def _pool() -> str:
     return (ctx.flow_run.work_pool_name if ctx and ctx.flow_run else None) or "local"
 
 
-@flow(name="reevaluate", flow_run_name="reevaluate-top{top_k}")
+def _flow_run_name() -> str:
+    from prefect.runtime import flow_run
+
+    return f"{run_name(flow_run.parameters['run_dir'])}-reevaluate-top{flow_run.parameters.get('top_k', 5)}"
+
+
+@flow(name="reevaluate", flow_run_name=_flow_run_name)
 def reevaluate(run_dir: str, top_k: int = 5, gpu_limit: str | None = None) -> str:
     """Re-score the top_k states of the run in `run_dir` and write the table beside it.
 
@@ -34,17 +42,15 @@ def reevaluate(run_dir: str, top_k: int = 5, gpu_limit: str | None = None) -> st
     GPU pool): each candidate holds one slot while it runs, so re-evaluations, and the evaluate
     tasks of runs on the same pool, never use more GPUs than the pool has.
     """
+    forward_project_logs()
     pool = _pool()
     slot = contextlib.nullcontext
     if gpu_limit:
         from prefect.concurrency.sync import concurrency
 
         slot = partial(concurrency, gpu_limit, occupy=1, strict=True)
-    rows, out = reevaluate_run(Run.open(run_dir), top_k, pool, slot)
-    create_table_artifact(
-        table_rows(rows),
-        key="reevaluation-" + "".join(c if c.isalnum() else "-" for c in pool.lower()),
-        description=f"{run_dir}: {out.name}",
-    )
+    run = Run.open(run_dir)
+    rows, out = reevaluate_run(run, top_k, pool, slot)
+    create_table_artifact(table_rows(rows), key=reevaluation_key(run, pool), description=f"{run_dir}: {out.name}")
     log.info("re-evaluated %d states of %s on %s: %s", len(rows), run_dir, pool, out)
     return str(out)
