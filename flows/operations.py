@@ -1,10 +1,12 @@
 """Operations around the Prefect server (docs/operations.md), run as `discover` commands:
 
-    discover setup [--file prefect.yaml]   # work pools and GPU limits of prefect.yaml
+    discover setup [--file prefect.yaml]   # work pools, GPU limits, recovery automations
     discover crashed FLOW_RUN_ID           # mark a run whose worker died as crashed
+    discover schedule RUN_DIR --pool POOL --cron CRON   # flows/schedules.py
 
 `setup` is idempotent: an existing pool is updated (`prefect work-pool create --overwrite`), an
-existing limit gets the new slot count. Each GPU pool gets a global concurrency limit of the same
+existing limit gets the new slot count, the automations of automatic recovery (flows/recovery.py)
+are replaced by their current definition. Each GPU pool gets a global concurrency limit of the same
 name with one slot per GPU (prefect.yaml and flows/tasks.py say who holds the slots).
 
 `crashed`: a flow run whose worker died stays RUNNING on the server (nothing reports it), and
@@ -55,7 +57,7 @@ async def _mark_crashed(flow_run_id: str) -> str:
         return f"flow run {flow_run_id} marked CRASHED; now: prefect flow-run retry {flow_run_id}"
 
 
-def setup(file: Path) -> int:
+def setup(file: Path, silence_s: int) -> int:
     prefect = shutil.which("prefect", path=str(Path(sys.executable).parent)) or "prefect"
     for item in infrastructure(file):
         cmd = [prefect, "work-pool", "create", item["pool"], "--type", item["type"], "--overwrite"]
@@ -67,6 +69,10 @@ def setup(file: Path) -> int:
         if item.get("gpus"):
             verb = asyncio.run(_set_limit(item["pool"], int(item["gpus"])))
             print(f"concurrency limit {item['pool']}: {item['gpus']} slots ({verb})")
+    from flows.recovery import ensure_automations
+
+    for line in ensure_automations(silence_s):
+        print(f"automation {line}")
     return 0
 
 

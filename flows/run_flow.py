@@ -1,4 +1,10 @@
-"""A whole discovery run as a Prefect flow: initialise, then each unfinished step in order."""
+"""A whole discovery run as a Prefect flow: initialise, then each unfinished step in order.
+
+The flow run is named after the run directory and tagged with the run (flows/naming.py); the
+project's log lines go to its logs (flows/logs.py). Each attempt is recorded, and a restart that
+would repeat attempts without progress stops (flows/recovery.py); an earlier flow run of the same
+run still marked RUNNING (its worker died) is cancelled as superseded.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +12,17 @@ import logging
 from pathlib import Path
 
 from prefect import flow
+from prefect.context import FlowRunContext
 
 from discover import steps
 from discover.config import RunConfig, load_config  # RunConfig at run time: Prefect validates the parameter
 from discover.run import Run
 from flows import artifacts, tasks
 from flows.engines import evaluation_engine
-from flows.step_flow import discovery_step
+from flows.logs import forward_project_logs
+from flows.naming import discovery_run_name, run_tag
+from flows.recovery import end_superseded_runs, guard_restarts
+from flows.step_flow import run_step
 
 log = logging.getLogger("discover")
 
@@ -34,7 +44,13 @@ def _run_dir(run_dir: str | None, config: RunConfig | None, config_path: str | N
     return str(config.run_dir)
 
 
-@flow(name="discovery-run")
+def _flow_run_name() -> str:
+    from prefect.runtime import flow_run
+
+    return discovery_run_name(flow_run.parameters)
+
+
+@flow(name="discovery-run", flow_run_name=_flow_run_name)
 def discovery_run(run_dir: str | None = None, config: RunConfig | None = None, config_path: str | None = None) -> dict:
     """Start a run from a configuration in `run_dir`, or resume the run already there.
 
@@ -44,7 +60,9 @@ def discovery_run(run_dir: str | None = None, config: RunConfig | None = None, c
     finished (`discover run` creates the run directory itself and passes `run_dir` alone); inside
     it, the tasks that finished come from Prefect's cache.
     """
+    forward_project_logs()
     run = Run.open(_run_dir(run_dir, config, config_path))
+    _take_over(run)
     tasks.initialise(run)  # also on resume: a run killed while initialising finishes it first
     start, steps_ = run.finished_steps(), run.config.steps
     if start:
@@ -53,12 +71,28 @@ def discovery_run(run_dir: str | None = None, config: RunConfig | None = None, c
         with evaluation_engine(run) as task_runner:  # a local cluster lives as long as the run
             for step in range(start, steps_):
                 log.info("step %d/%d", step + 1, steps_)
-                discovery_step.with_options(task_runner=task_runner())(str(run.root), step)
+                run_step(run, step, task_runner())
                 _quietly(artifacts.publish_step, run, step)
     report = _quietly(artifacts.publish_report, run)
     best = steps.best_state(run)
     log.info("best state %s: reward %.6f", best.id, best.reward)
     return {"run_dir": str(run.root), "best_state": best.id, "best_reward": best.reward, "report": str(report) if report else None}
+
+
+def _take_over(run: Run) -> None:
+    """This flow run is the run's one attempt now: tag it with the run, cancel an earlier flow run
+    of the run still marked live, and record the attempt (a restart without progress stops here)."""
+    ctx = FlowRunContext.get()
+    if ctx is None or ctx.flow_run is None:
+        return
+    from prefect.client.orchestration import get_client
+
+    me, tag = ctx.flow_run, run_tag(run)
+    if tag not in me.tags:
+        with get_client(sync_client=True) as client:
+            client.update_flow_run(me.id, tags=[*me.tags, tag])
+    end_superseded_runs(ctx.flow.name, [tag], str(me.id), f"superseded: the run continues in flow run {me.name}")
+    guard_restarts(run, str(me.id), me.run_count)
 
 
 def _quietly(fn, *args):

@@ -7,6 +7,13 @@ evaluation overlap; `evaluate` then waits for the last of them and writes the st
 A task the run's manifest records as finished is not called again: its recorded output is used as
 it is (`Run.finished_output`), whatever changed in the code since. The others run, or come from
 Prefect's cache (flows/cache.py).
+
+`run_step` starts the step as a subflow of the run's flow run, named `<run>-step-<N>` and tagged
+with the run and the step (flows/naming.py). It creates the subflow run itself, keyed by the step:
+Prefect's own subflow call keys a subflow by how many times the parent called it, so a restarted
+run (which starts at its first unfinished step) would take over an earlier step's subflow run
+under that step's name. A step's flow runs of earlier attempts that are still not final (their
+process died) are put in a final state, with the task runs they left RUNNING.
 """
 
 from __future__ import annotations
@@ -17,11 +24,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from prefect import flow
+from prefect import Task, flow
+from prefect.context import FlowRunContext
 
 from discover.run import Ref, Run
 from flows import tasks
 from flows.evaluation import step_evaluation
+from flows.logs import forward_project_logs
+from flows.naming import run_tag, step_run_name
+from flows.recovery import end_superseded_runs
 from storage.manifest import record_task, task_entry
 
 RESULT_STORAGE_ENV = "DISCOVER_RESULT_STORAGE"
@@ -48,6 +59,7 @@ def result_storage(run: Run) -> Path | str:
 @flow(name="discovery-step", flow_run_name="step-{step}")
 def discovery_step(run_dir: str, step: int) -> dict[str, Ref]:
     """Run the five tasks of `step`; a task the manifest records as finished is not run again."""
+    forward_project_logs()
     run = Run.open(run_dir)
     storage = result_storage(run)
 
@@ -70,3 +82,38 @@ def discovery_step(run_dir: str, step: int) -> dict[str, Ref]:
     archive = run_task(tasks.update_archive)
     checkpoint = run_task(tasks.train)
     return {"parents": parents, "rollouts": rollouts, "evaluations": evaluations, "archive": archive, "checkpoint": checkpoint}
+
+
+def run_step(run: Run, step: int, task_runner: Any) -> dict[str, Ref]:
+    """`discovery_step(run, step)` on `task_runner`, as a subflow of the calling flow run keyed by
+    the step (see the module); called outside a flow run, it is a flow run of its own."""
+    flow_ = discovery_step.with_options(task_runner=task_runner, flow_run_name=step_run_name(run, step))
+    parameters = {"run_dir": str(run.root), "step": step}
+    parent = FlowRunContext.get()
+    if parent is None or parent.flow_run is None:
+        return flow_(**parameters)
+    from prefect.client.orchestration import get_client
+    from prefect.flow_engine import run_flow
+    from prefect.states import Pending
+
+    tags = [run_tag(run), f"step:{step}"]
+    end_superseded_runs(discovery_step.name, tags, None, f"its process died; step {step} started again in flow run {parent.flow_run.name}")
+    with get_client(sync_client=True) as client:
+        tracking = client.create_task_run(
+            task=_STEP_TASK, flow_run_id=parent.flow_run.id, dynamic_key=f"step-{step}", name=step_run_name(run, step), extra_tags=tags
+        )
+        flow_run = client.create_flow_run(
+            flow_,
+            name=step_run_name(run, step),
+            parameters=flow_.serialize_parameters(parameters),
+            parent_task_run_id=tracking.id,
+            tags=tags,
+            state=Pending(),
+        )
+    return run_flow(flow_, flow_run=flow_run, parameters=parameters)  # type: ignore[return-value]
+
+
+# The task run that stands for a step's subflow in the run's flow run (Prefect's own subflow calls
+# make one the same way).
+_STEP_TASK: Task[Any, Any] = Task(name=discovery_step.name, fn=discovery_step.fn)
+setattr(_STEP_TASK, "_is_subflow_tracking_task", True)  # noqa: B010 - Prefect's private marker, not a declared attribute
