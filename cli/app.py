@@ -1,6 +1,6 @@
 """The `discover` command: `run`, `resume`, `status`, `report`, `config-doc` here; the problem commands
 (`evaluate`, `judge`, `verify`, `plot`) live in cli/problems.py and the server operations (`setup`,
-`crashed`) in cli/operations.py. An entry point over discover/ and flows/, not part of the learning core."""
+`crashed`, `schedule`) in cli/operations.py. An entry point over discover/ and flows/, not part of the learning core."""
 
 from __future__ import annotations
 
@@ -147,5 +147,13 @@ def config_doc() -> None:
 
 # The problem commands and the server operations are plain functions in their own modules; they are
 # registered here, in the order `discover --help` lists them.
-for _command in (problems.evaluate, problems.judge, problems.verify, problems.plot, operations.setup, operations.crashed):
+for _command in (
+    problems.evaluate,
+    problems.judge,
+    problems.verify,
+    problems.plot,
+    operations.setup,
+    operations.crashed,
+    operations.schedule,
+):
     app.command()(_command)

@@ -99,11 +99,18 @@ def test_the_reevaluation_flow_writes_a_table_named_by_gpu_type(tmp_path: Path, 
         assert f"**{NO_GPU}.**" in markdown
 
 
-def test_prefect_yaml_retimes_kernel_runs_on_each_gpu_type() -> None:
+def test_each_gpu_pool_declares_the_gpu_type_a_scheduled_retiming_carries() -> None:
+    """`discover schedule runs/trimul --pool gpu-h100 ...` gives the deployment the job variables
+    prefect.yaml declares for the pool (flows/schedules.py): its GPU type, its GPU limit."""
+    from flows.schedules import pool_definition
+
     spec = yaml.safe_load((REPO / "prefect.yaml").read_text())
     deployments = {d["name"]: d for d in spec["deployments"]}
-    for name, pool, gpu in (("trimul-h100", "gpu-h100", "H100"), ("trimul-a100", "gpu-a100", "A100")):
-        d = deployments[name]
-        assert d["entrypoint"] == "flows/reevaluate_flow.py:reevaluate" and d["work_pool"]["name"] == pool
-        assert d["work_pool"]["job_variables"]["env"]["DISCOVER_GPU_TYPE"] == gpu
-        assert d["parameters"]["run_dir"] == "runs/trimul" and d["schedules"][0]["cron"] == "0 3 * * *"
+    for pool, gpu in (("gpu-h100", "H100"), ("gpu-a100", "A100")):
+        job_variables, gpus = pool_definition(REPO / "prefect.yaml", pool)
+        assert job_variables["env"]["DISCOVER_GPU_TYPE"] == gpu and job_variables["env"]["DISCOVER_GPU_LIMIT"] == pool and gpus == 8
+        d = deployments[pool]  # the by-hand deployment of the same pool: the same job variables, no run of its own
+        assert d["entrypoint"] == "flows/reevaluate_flow.py:reevaluate" and d["work_pool"]["job_variables"] == job_variables
+        assert "run_dir" not in d["parameters"] and not d.get("schedules")
+    with pytest.raises(ValueError, match="declares no work pool 'gpu-x'"):
+        pool_definition(REPO / "prefect.yaml", "gpu-x")
