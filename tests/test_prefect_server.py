@@ -2,11 +2,14 @@
 
 One test, in order: a server on loopback with its default SQLite database and authentication on (a
 request without the credentials is refused; the CLI, the workers and the deployments carry them);
-pools, limits and every deployment of prefect.yaml; a process worker completes a two-step toy run; a second run's worker is
-killed inside a step and `prefect flow-run retry` finishes it without repeating a finished task,
-with the archive of an uninterrupted CLI run; a manual trigger of the re-evaluation deployment
-writes its table, and its cron schedule reads back from the API. Every process group started here
-is killed in a finally block.
+`discover setup` (pools, limits, the recovery automations) and every deployment of prefect.yaml; a
+process worker completes a two-step toy run, named after its run directory, whose logs on the
+server hold the project's progress lines; a second run's worker and flow process are killed inside
+a step, and with no command typed the automations mark the run crashed and start it again on
+another worker, which finishes it without repeating a finished task, with the archive of the
+uninterrupted run and no task run left RUNNING; `discover schedule` gives a run a minutely
+re-evaluation, whose scheduled flow run completes on a GPU pool's worker and writes its table.
+Every process group started here is killed in a finally block.
 """
 
 from __future__ import annotations
@@ -43,6 +46,8 @@ TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 # and a reference CLI run share it, beside other work): a slow machine only makes the test slower.
 # A flow run, a held task, or the reference CLI run reaching its state:
 RUN_WAIT_S = 900
+# No heartbeat for this long marks a flow run crashed here (heartbeats every 30 s; production: 120 s).
+SILENCE_S = 60
 # One CLI command (`prefect deploy --all`, `discover setup`, ...), each starting a Python interpreter
 # that imports Prefect and talks to the server:
 COMMAND_TIMEOUT_S = 600
@@ -106,7 +111,7 @@ class Processes:
             self.kill(name)
 
 
-def test_deployments_workers_kill_retry_and_scheduled_reevaluation(tmp_path: Path, tiny_model_cache: Path) -> None:
+def test_deployments_workers_automatic_recovery_and_a_schedule_that_fires(tmp_path: Path, tiny_model_cache: Path) -> None:
     procs = Processes(tmp_path)
     port = _free_port()
     api = f"http://127.0.0.1:{port}/api"
@@ -116,13 +121,14 @@ def test_deployments_workers_kill_retry_and_scheduled_reevaluation(tmp_path: Pat
             "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
             "DISCOVER_CACHE": str(tiny_model_cache),
             "OMP_NUM_THREADS": "1",
+            "PREFECT_WORKER_QUERY_SECONDS": "2",  # workers poll often: the test waits less
         }
     )
     user, password = "discover", secrets.token_urlsafe(16)
     # Clients carry the credentials (docs/operations.md, "Securing the server and the cluster").
     env = dict(base_env, PREFECT_HOME=str(tmp_path / "prefect-home"), PREFECT_API_URL=api, PREFECT_API_AUTH_STRING=f"{user}:{password}")
     http = httpx.Client(auth=(user, password), timeout=HTTP_TIMEOUT_S)
-    for name in ("deployed", "killed", "cli"):
+    for name in ("deployed", "killed"):
         (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(_config(tmp_path / name)))
 
     def prefect(*args: str, timeout: float = COMMAND_TIMEOUT_S) -> str:
@@ -132,12 +138,22 @@ def test_deployments_workers_kill_retry_and_scheduled_reevaluation(tmp_path: Pat
         assert proc.returncode == 0, f"prefect {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
         return proc.stdout + proc.stderr
 
+    def discover(*args: str) -> str:
+        proc = subprocess.run(
+            [sys.executable, "-m", "cli", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S
+        )
+        assert proc.returncode == 0, f"discover {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        return proc.stdout + proc.stderr
+
     def run_deployment(name: str, **params: object) -> str:
         out = prefect("deployment", "run", name, "--params", json.dumps(params))
         return re.search(r"UUID: ([0-9a-f-]{36})", out).group(1)
 
+    def flow_run(flow_run_id: str) -> dict:
+        return http.get(f"{api}/flow_runs/{flow_run_id}").json()
+
     def state(flow_run_id: str) -> str:
-        return http.get(f"{api}/flow_runs/{flow_run_id}").json()["state"]["type"]
+        return flow_run(flow_run_id)["state"]["type"]
 
     def wait_state(flow_run_id: str, wanted: str, worker: str, timeout: float = RUN_WAIT_S) -> None:
         final = _wait(
@@ -149,9 +165,14 @@ def test_deployments_workers_kill_retry_and_scheduled_reevaluation(tmp_path: Pat
         assert final == wanted, f"flow run {flow_run_id} ended {final}, not {wanted}:\n{procs.log(worker)[-4000:]}"
 
     try:
-        # 1. A server on loopback, SQLite under PREFECT_HOME, authentication on; then pools, limits
-        # and deployments.
-        server_env = dict(env, PREFECT_UI_ENABLED="false", PREFECT_SERVER_API_AUTH_STRING=f"{user}:{password}")
+        # 1. A server on loopback, SQLite under PREFECT_HOME, authentication on, its scheduler
+        # looking every few seconds; then pools, limits, automations and deployments.
+        server_env = dict(
+            env,
+            PREFECT_UI_ENABLED="false",
+            PREFECT_SERVER_API_AUTH_STRING=f"{user}:{password}",
+            PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS="5",
+        )
         procs.start("server", [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)], server_env)
 
         def healthy() -> bool:
@@ -180,12 +201,9 @@ def test_deployments_workers_kill_retry_and_scheduled_reevaluation(tmp_path: Pat
             timeout=COMMAND_TIMEOUT_S,
         )
         assert refused.returncode != 0 and "401" in refused.stdout + refused.stderr, refused.stdout + refused.stderr
-        # The uninterrupted reference: the same configuration through the CLI, beside the workers.
-        procs.start("cli", [sys.executable, "-m", "cli", "run", str(tmp_path / "cli.yaml")], env)
-        infra = subprocess.run(
-            [sys.executable, "-m", "cli", "setup"], cwd=REPO, env=env, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S
-        )
-        assert infra.returncode == 0, infra.stdout + infra.stderr
+        # The automations notice a run silent for SILENCE_S; the test's is short (heartbeats every 30 s).
+        setup = discover("setup", "--silence", str(SILENCE_S))
+        assert "discover-crash-silent-runs (created)" in setup and "discover-restart-crashed-runs (created)" in setup, setup
         prefect("deploy", "--all")
 
         worker_cmd = [str(BIN / "prefect"), "worker", "start", "--pool", "discover-process", "--type", "process"]
@@ -194,15 +212,28 @@ def test_deployments_workers_kill_retry_and_scheduled_reevaluation(tmp_path: Pat
         wait_state(run_a, "COMPLETED", "worker-1")
         deployed = tmp_path / "deployed"
         assert len(read_manifest(deployed / "manifest.json")["executions"]) == 10
+        assert flow_run(run_a)["name"] == "deployed"  # named after its run directory
+        # The project's progress lines are in the flow run's logs on the server, where Prefect users look.
+        logs = _wait(
+            "the run's logs on the server", lambda: "best state" in (out := prefect("flow-run", "logs", run_a)) and out, RUN_WAIT_S
+        )
+        assert "step 1/2" in logs and "step 2/2" in logs, logs[-3000:]
+        # a task's lines are in its step's subflow run, named after the run and the step
+        steps_of_a = http.post(f"{api}/flow_runs/filter", json={"flow_runs": {"parent_flow_run_id": {"any_": [run_a]}}}).json()
+        assert sorted(r["name"] for r in steps_of_a) == ["deployed-step-0", "deployed-step-1"], steps_of_a
+        step_1 = next(r["id"] for r in steps_of_a if r["name"] == "deployed-step-1")
+        assert "step 1 train" in prefect("flow-run", "logs", step_1)
 
-        # 4. The report: Markdown whose pictures exist beside it; artifacts on the server.
+        # The report: Markdown whose pictures exist beside it; artifacts on the server, keyed by the run.
         report = deployed / "report" / "report.md"
         images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", report.read_text())
         assert images and all((report.parent / i).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for i in images)
         keys = {a["key"] for a in http.post(f"{api}/artifacts/filter", json={}).json()}
-        assert {k.rsplit("-", 1)[1] for k in keys if k and k.startswith("discover-")} >= {"steps", "rewards", "report"}
+        assert {k.rsplit("-", 1)[1] for k in keys if k and k.startswith("discover-deployed-")} >= {"steps", "rewards", "report"}
 
-        # 2. A worker killed inside step 1's evaluate task (the task announces itself and waits).
+        # 2. A worker and its flow process killed inside step 1's evaluate task (the task announces
+        # itself and waits), like a machine that died; another worker of the pool is up. No
+        # command is typed: the automations mark the run crashed and schedule it again.
         procs.kill("worker-1")
         # The hold comes from tests/faults/sitecustomize.py, on the worker's PYTHONPATH and so on its flow runs'.
         faults = str(Path(__file__).parent / "faults")
@@ -210,9 +241,11 @@ def test_deployments_workers_kill_retry_and_scheduled_reevaluation(tmp_path: Pat
         killed = tmp_path / "killed"
         run_b = run_deployment("discovery-run/process", config_path=str(tmp_path / "killed.yaml"))
         _wait("the run to reach step 1's evaluate task", lambda: (killed / ".held").is_file(), RUN_WAIT_S, lambda: procs.log("worker-2"))
-        # The worker and its flow-run process, like a machine that died: the process worker starts
-        # each flow run in a session of its own, so killing the worker's group leaves it running.
         held_pid = int((killed / ".held").read_text().strip().split(":")[2])
+        (killed / ".held").unlink()
+        procs.start("worker-3", worker_cmd, env)
+        # The process worker starts each flow run in a session of its own: killing the worker's
+        # group leaves the flow run's process running, so it is killed too.
         procs.kill("worker-2")
         try:
             os.killpg(os.getpgid(held_pid), signal.SIGKILL)
@@ -221,35 +254,50 @@ def test_deployments_workers_kill_retry_and_scheduled_reevaluation(tmp_path: Pat
         before = [(e["step"], e["task"]) for e in read_manifest(killed / "manifest.json")["executions"]]
         assert before == [(0, t) for t in TASKS] + [(1, "select_parents"), (1, "generate")]
         assert state(run_b) == "RUNNING"  # nobody told the server
-
-        # The operator's way back (docs/operations.md, "Resume one"): mark the orphaned run crashed, retry it; a
-        # new worker runs it again and the tasks that had finished come from the cache.
-        (killed / ".held").unlink()
-        procs.start("worker-3", worker_cmd, env)
-        marked = subprocess.run(
-            [sys.executable, "-m", "cli", "crashed", run_b], cwd=REPO, env=env, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S
-        )
-        assert marked.returncode == 0 and state(run_b) == "CRASHED", marked.stdout + marked.stderr
-        prefect("flow-run", "retry", run_b)
         wait_state(run_b, "COMPLETED", "worker-3")
         executions = [(e["step"], e["task"]) for e in read_manifest(killed / "manifest.json")["executions"]]
         assert executions == before + [(1, "evaluate"), (1, "update_archive"), (1, "train")], executions
+        assert _archive(killed) == _archive(deployed)
+        states = http.get(f"{api}/flow_run_states/", params={"flow_run_id": run_b}).json()
+        assert {"CRASHED", "SCHEDULED"} <= {s["type"] for s in states}, [(s["type"], s["message"]) for s in states]
+        # The killed step's runs end in a final state; each step's subflow is named after the run and the step.
+        steps_runs = http.post(f"{api}/flow_runs/filter", json={"flow_runs": {"tags": {"all_": ["step:1"]}}}).json()
+        ours = [r for r in steps_runs if any(t.startswith("discover-run:killed-") for t in r["tags"])]
+        assert {r["name"] for r in ours} == {"killed-step-1"} and len(ours) == 2, [(r["name"], r["state"]["type"]) for r in ours]
+        assert sorted(r["state"]["type"] for r in ours) == ["COMPLETED", "CRASHED"]
+        live = http.post(
+            f"{api}/task_runs/filter",
+            json={
+                "flow_runs": {"id": {"any_": [r["id"] for r in ours]}},
+                "task_runs": {"state": {"type": {"any_": ["RUNNING", "PENDING"]}}},
+            },
+        ).json()
+        assert live == [], [(t["name"], t["state"]["type"]) for t in live]
 
-        cli = procs.procs["cli"][0]
-        cli.wait(timeout=RUN_WAIT_S)
-        assert cli.returncode == 0, procs.log("cli")
-        assert _archive(killed) == _archive(tmp_path / "cli") == _archive(deployed)
-
-        # 3. Re-evaluation: a worker on the H100 pool, a manual trigger, the table beside the run. Of a
-        # run whose archive certainly holds children (the v1 fixture's): whether the tiny random
-        # model writes a valid child in a two-step run depends on the machine's arithmetic.
+        # 3. A re-evaluation scheduled with `discover schedule`, every minute, runs by itself on a
+        # worker of the H100 pool. Of a run whose archive certainly holds children (the v1
+        # fixture's): whether the tiny random model writes a valid child in a two-step run depends
+        # on the machine's arithmetic.
         rescored = tmp_path / "v1-complete"
         shutil.copytree(V1_COMPLETE, rescored)
         procs.start("gpu-worker", [str(BIN / "prefect"), "worker", "start", "--pool", "gpu-h100", "--type", "process"], env)
-        run_c = run_deployment("reevaluate/gpu-h100", run_dir=str(rescored), top_k=3)
-        wait_state(run_c, "COMPLETED", "gpu-worker")
+        scheduled = discover("schedule", str(rescored), "--pool", "gpu-h100", "--cron", "0 3 * * *", "--top-k", "3")
+        assert "reevaluate/v1-complete-gpu-h100 created" in scheduled, scheduled
+        scheduled = discover("schedule", str(rescored), "--pool", "gpu-h100", "--cron", "* * * * *", "--top-k", "3")
+        assert "reevaluate/v1-complete-gpu-h100 updated" in scheduled, scheduled
+        deployment = http.get(f"{api}/deployments/name/reevaluate/v1-complete-gpu-h100").json()
+        schedules = [s["schedule"] for s in deployment["schedules"] if s["active"]]
+        assert [(s.get("cron"), s.get("timezone")) for s in schedules] == [("* * * * *", "UTC")], schedules
+        assert deployment["parameters"] == {"run_dir": str(rescored.resolve()), "top_k": 3, "gpu_limit": "gpu-h100"}
+
+        def completed_scheduled_run() -> str | None:
+            runs = http.post(f"{api}/flow_runs/filter", json={"deployments": {"id": {"any_": [deployment["id"]]}}}).json()
+            done = [r for r in runs if r["state"]["type"] == "COMPLETED" and r["auto_scheduled"]]
+            return done[0]["id"] if done else None
+
+        _wait("the scheduled re-evaluation to complete", completed_scheduled_run, RUN_WAIT_S, lambda: procs.log("gpu-worker"))
         tables = sorted((rescored / "reevaluations").glob("*-gpu-h100.parquet"))
-        assert len(tables) == 1 and tables[0].with_suffix(".md").is_file()
+        assert tables and tables[0].with_suffix(".md").is_file()
         import pyarrow.parquet as pq
 
         rows = pq.read_table(tables[0]).to_pylist()
@@ -259,12 +307,6 @@ def test_deployments_workers_kill_retry_and_scheduled_reevaluation(tmp_path: Pat
         assert all(r["valid"] and r["reward"] == pytest.approx(r["archived_reward"]) for r in rows)
         limit = http.get(f"{api}/v2/concurrency_limits/gpu-h100").json()
         assert limit["limit"] == 8 and limit["active_slots"] == 0  # slots taken per candidate, all given back
-
-        deployment = http.get(f"{api}/deployments/name/reevaluate/gpu-h100").json()
-        schedules = [s["schedule"] for s in deployment["schedules"] if s["active"]]
-        assert schedules == [{"cron": "0 3 * * *", "timezone": "UTC", "day_or": True}] or [
-            (s.get("cron"), s.get("timezone")) for s in schedules
-        ] == [("0 3 * * *", "UTC")], schedules
     finally:
         procs.kill_all()
         http.close()

@@ -1,0 +1,166 @@
+"""Runs that look after themselves (docs/operations.md): names and artifact keys that tell runs
+apart, the project's log lines on the server, the recovery automations and their guard, the end of
+superseded flow runs, `discover crashed` and `discover schedule`. Against the session's Prefect
+server; tests/test_prefect_server.py does the same with workers, a kill and a schedule that fires."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+from discover import steps
+from discover.config import parse_config
+from discover.run import Run
+from flows import naming, recovery
+from storage.manifest import record_task
+from tests.conftest import REPO, tiny_toy_config
+
+pytestmark = pytest.mark.slow
+
+
+def test_names_and_keys_tell_runs_apart(tmp_path: Path) -> None:
+    run = Run.create(parse_config(tiny_toy_config(tmp_path / "Erdos 8B!", steps=1)))
+    assert naming.run_name(run.root) == "Erdos 8B!" and naming.step_run_name(run, 3) == "Erdos 8B!-step-3"
+    key = naming.artifact_key(run, "steps")
+    assert key == f"discover-erdos-8b-{run.run_id[:8]}-steps"  # lowercase letters, digits and dashes
+    assert naming.reevaluation_key(run, "gpu-h100") == f"reevaluation-erdos-8b-{run.run_id[:8]}-gpu-h100"
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump({"problem": "toy", "run_dir": "runs/from-file"}))
+    assert naming.discovery_run_name({"run_dir": "runs/toy-1"}) == "toy-1"
+    assert naming.discovery_run_name({"config": run.config}) == "Erdos 8B!"
+    assert naming.discovery_run_name({"config_path": str(tmp_path / "c.yaml")}) == "from-file"
+
+
+def test_restarts_without_progress_stop_and_say_where(tmp_path: Path) -> None:
+    run = Run.create(parse_config(tiny_toy_config(tmp_path / "run", steps=2)))
+    flow_run = str(uuid.uuid4())
+    recovery.guard_restarts(run, flow_run, 1)
+    for count in range(2, recovery.MAX_RESTARTS_WITHOUT_PROGRESS + 1):  # restarts that found nothing new: allowed so far
+        recovery.guard_restarts(run, flow_run, count)
+    with pytest.raises(recovery.RunStalled, match=r"3 restarts in a row .* \(stuck in step 0\).*discover resume"):
+        recovery.guard_restarts(run, flow_run, recovery.MAX_RESTARTS_WITHOUT_PROGRESS + 1)
+    # a task finished since: the next restart goes on; a new flow run (discover resume) always starts
+    record_task(run.layout.manifest, 0, "select_parents", {"path": "x", "sha256": "y"}, 0.0, 1.0)
+    recovery.guard_restarts(run, flow_run, recovery.MAX_RESTARTS_WITHOUT_PROGRESS + 2)
+    for _ in range(5):
+        recovery.guard_restarts(run, str(uuid.uuid4()), 1)
+    assert len(json.loads((run.root / recovery.ATTEMPTS_FILE).read_text())[flow_run]) == recovery.MAX_RESTARTS_WITHOUT_PROGRESS + 2
+
+
+def test_the_automations_watch_heartbeats_and_restart_only_discovery_runs() -> None:
+    from prefect.automations import Posture
+    from prefect.client.schemas.objects import StateType
+
+    silent, restart = recovery.automations(90)
+    assert silent.trigger.posture == Posture.Proactive and silent.trigger.within.total_seconds() == 90
+    assert "prefect.flow-run.heartbeat" in silent.trigger.after and silent.actions[0].state == StateType.CRASHED
+    assert restart.trigger.expect == {"prefect.flow-run.Crashed"} and restart.actions[0].state == StateType.SCHEDULED
+    assert restart.trigger.match_related["prefect.resource.name"] in ("discovery-run", ["discovery-run"])
+    with pytest.raises(ValueError, match="too close to the 30 s between heartbeats"):
+        recovery.automations(31)
+
+
+def _flow_run(client, flow_name: str, tags: list[str], state) -> object:
+    from prefect import flow
+
+    @flow(name=flow_name)
+    def f() -> None:  # only its name matters: the flow run is created, never run
+        pass
+
+    return client.create_flow_run(f, tags=tags, state=state)
+
+
+def test_superseded_runs_and_the_task_runs_they_left_end_in_a_final_state(prefect_api: str) -> None:
+    from prefect import Task
+    from prefect.client.orchestration import get_client
+    from prefect.states import Completed, Crashed, Running
+
+    tag = f"discover-run:test-{uuid.uuid4().hex[:8]}"
+    with get_client(sync_client=True) as client:
+        stale = _flow_run(client, "discovery-step", [tag, "step:1"], Running())
+        done = _flow_run(client, "discovery-step", [tag, "step:1"], Completed())
+        marked = _flow_run(client, "discovery-step", [tag, "step:1"], Crashed())  # by the heartbeat automation
+        other_step = _flow_run(client, "discovery-step", [tag, "step:2"], Running())
+        task = Task(name="generate", fn=lambda: None)
+        task_run = client.create_task_run(task, stale.id, "generate-0", state=Running())
+        left = client.create_task_run(task, marked.id, "generate-0", state=Running())
+        assert recovery.end_superseded_runs("discovery-step", [tag, "step:1"], None, "its process died") == 1
+        assert client.read_flow_run(stale.id).state.type.value == "CRASHED"
+        assert client.read_flow_run(stale.id).state.message == "its process died"
+        assert client.read_task_run(task_run.id).state.type.value == "CRASHED"
+        assert client.read_task_run(left.id).state.type.value == "CRASHED"  # left RUNNING by a run already marked
+        assert client.read_flow_run(done.id).state.type.value == "COMPLETED"
+        assert client.read_flow_run(other_step.id).state.type.value == "RUNNING"
+        parent = _flow_run(client, "discovery-run", [tag], Running())
+        me = _flow_run(client, "discovery-run", [tag], Running())
+        assert recovery.end_superseded_runs("discovery-run", [tag], str(me.id), "superseded") == 1
+        assert client.read_flow_run(parent.id).state.type.value == "CANCELLED"  # not CRASHED: no automatic restart
+        assert client.read_flow_run(me.id).state.type.value == "RUNNING"
+
+
+def test_crashed_marks_a_run_whose_worker_died(prefect_api: str) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.states import Running
+    from typer.testing import CliRunner
+
+    from cli.app import app
+
+    with get_client(sync_client=True) as client:
+        orphan = _flow_run(client, "discovery-run", [], Running())
+        result = CliRunner().invoke(app, ["crashed", str(orphan.id)])
+        assert result.exit_code == 0 and "marked CRASHED" in result.output, result.output
+        assert client.read_flow_run(orphan.id).state.type.value == "CRASHED"
+        again = CliRunner().invoke(app, ["crashed", str(orphan.id)])
+        assert "already CRASHED; nothing to do" in again.output
+
+
+def test_a_discovery_run_is_named_after_its_directory_and_logs_its_progress_on_the_server(
+    tmp_path: Path, tiny_model_cache: Path, prefect_api: str
+) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags, LogFilter, LogFilterFlowRunId
+    from prefect.logging.handlers import APILogWorker
+
+    from flows.run_flow import discovery_run
+
+    state = discovery_run(config=parse_config(tiny_toy_config(tmp_path / "named-run", steps=1)), return_state=True)
+    assert state.is_completed()
+    APILogWorker.drain_all(timeout=60)
+    run = Run.open(tmp_path / "named-run")
+    with get_client(sync_client=True) as client:
+        parent = client.read_flow_run(state.state_details.flow_run_id)
+        assert parent.name == "named-run" and naming.run_tag(run) in parent.tags
+        steps_ = client.read_flow_runs(flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=[naming.run_tag(run), "step:0"])))
+        assert [(r.name, r.state.type.value) for r in steps_] == [("named-run-step-0", "COMPLETED")]
+        assert client.read_task_run(steps_[0].parent_task_run_id).flow_run_id == parent.id  # shown inside the run
+        lines = [log.message for log in client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[parent.id])))]
+        task_lines = [log.message for log in client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[steps_[0].id])))]
+    assert any(line.startswith("step 1/1") for line in lines) and any(line.startswith("best state") for line in lines), lines
+    assert any(line.startswith("step 0 train") for line in task_lines), task_lines
+
+
+def test_schedule_creates_then_updates_the_runs_reevaluation(tmp_path: Path, tiny_model_cache: Path, prefect_api: str) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+
+    from flows.schedules import schedule_reevaluation
+
+    run = steps.create_run(parse_config(tiny_toy_config(tmp_path / "sched", steps=1)))
+    with get_client(sync_client=True) as client:
+        try:
+            client.create_work_pool(WorkPoolCreate(name="gpu-h100", type="process"))
+        except Exception:  # noqa: BLE001 - created by another test of the session
+            pass
+        first = schedule_reevaluation(run, "gpu-h100", "0 3 * * *", top_k=2, prefect_yaml=REPO / "prefect.yaml")
+        second = schedule_reevaluation(run, "gpu-h100", "*/5 * * * *", top_k=2, prefect_yaml=REPO / "prefect.yaml")
+        assert first.created and not second.created and first.deployment == second.deployment == "reevaluate/sched-gpu-h100"
+        deployment = client.read_deployment_by_name(second.deployment)
+        assert [s.schedule.cron for s in client.read_deployment_schedules(deployment.id)] == ["*/5 * * * *"]
+        assert deployment.parameters == {"run_dir": str(run.root.resolve()), "top_k": 2, "gpu_limit": "gpu-h100"}
+        assert deployment.job_variables["env"]["DISCOVER_GPU_TYPE"] == "H100"
+        assert deployment.entrypoint == "flows/reevaluate_flow.py:reevaluate" and deployment.work_pool_name == "gpu-h100"
+    with pytest.raises(ValueError, match="declares no work pool 'gpu-z'"):
+        schedule_reevaluation(run, "gpu-z", "0 3 * * *", prefect_yaml=REPO / "prefect.yaml")
