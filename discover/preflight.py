@@ -24,11 +24,11 @@ class PreflightError(ValueError):
 
 
 def check_model_name(name: str) -> None:
-    """An embedded model, an existing local directory, or a well-formed hub id ("org/name")."""
+    """An embedded model, an existing local directory or .gguf file, or a well-formed hub id ("org/name")."""
     if name in EMBEDDED_MODELS:
         return
     path = Path(name).expanduser()
-    if path.is_dir():
+    if path.is_dir() or (path.suffix == ".gguf" and path.is_file()):  # a .gguf file is converted once (gguf_models.py)
         return
     looks_like_path = name.startswith(("/", ".", "~")) or name.count("/") > 1 or path.suffix in (".bin", ".safetensors")
     if not looks_like_path:
@@ -40,7 +40,7 @@ def check_model_name(name: str) -> None:
         except HFValidationError:
             pass
     raise PreflightError(
-        f"model.name {name!r} is neither a local model directory nor a valid hub id "
+        f"model.name {name!r} is neither a local model directory, a .gguf file nor a valid hub id "
         f"(like 'Qwen/Qwen3-8B'); use '{EMBEDDED_MODEL}' for the embedded model"
     )
 

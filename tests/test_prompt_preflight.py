@@ -96,3 +96,12 @@ def test_discover_run_with_too_small_a_context_fails_in_one_line_and_writes_noth
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert TOO_LONG.match(proc.stderr.removeprefix("error: ")), proc.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_a_gguf_model_not_converted_yet_is_not_converted_by_the_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("DISCOVER_CACHE", str(cache))
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"GGUF" + bytes(64))  # converting this would fail: the check must not try
+    preflight(_config(tmp_path, model=str(model), context_tokens=16, thinking_budget=16))
+    assert not (cache / "models").exists()
