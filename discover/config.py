@@ -6,6 +6,7 @@ A bad configuration fails here, before any work, naming the field and the allowe
 
 from __future__ import annotations
 
+import difflib
 import math
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -337,13 +338,33 @@ class RunConfig(_Section):
         return self.groups * self.rollouts_per_group
 
 
+def _section_model(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The model of the section that holds the field at `loc` (RunConfig for a top-level field)."""
+    model: type[BaseModel] = RunConfig
+    for part in loc[:-1]:
+        f = model.model_fields.get(str(part))
+        if f is None or not (isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel)):
+            return None
+        model = f.annotation
+    return model
+
+
+def _unknown_field(loc: tuple[Any, ...]) -> str:
+    """The message for a field its section does not have, naming the closest valid field if one is close."""
+    model = _section_model(loc)
+    close = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=1) if model is not None and loc else []
+    if close:
+        return f"unknown field; did you mean {close[0]!r}? (docs/configuration.md lists every field)"
+    return "unknown field; check its spelling against docs/configuration.md"
+
+
 def _format_errors(err: ValidationError, source: str) -> str:
     lines = [f"invalid configuration in {source}:"]
     for e in err.errors():
         where = ".".join(str(p) for p in e["loc"]) or "(top level)"
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
-            msg = "unknown field; check its spelling against docs/configuration.md"
+            msg = _unknown_field(tuple(e["loc"]))
         got = e.get("input")
         shown = "" if e["type"] in ("missing", "extra_forbidden") or isinstance(got, dict) else f" (got {got!r})"
         lines.append(f"  {where}: {msg}{shown}")

@@ -6,8 +6,8 @@
   judged (group, index, parent, the parsed candidate);
 - `State`: a row of `archive/NNNN.parquet`, built from a valid `Evaluation` (`State.child`);
 - `Rollout`: a row of `steps/NNNN/rollouts.parquet`, a sampler `Completion` with its group;
-- `Reevaluation`: a row of `reevaluations/<when>-<pool>.parquet`: an `EvalResult` of a state
-  scored again, with one column per metric.
+- `Reevaluation`: a row of `reevaluations/<when>[-<GPU>]-<pool>.parquet`: an `EvalResult` of a
+  state scored again, with one column per metric and the GPU it was judged on.
 
 Each carries `SCHEMA_VERSION`; a file written by an older version reads with the new fields at
 their defaults (storage/tables.py). Bump the version when a field is added, renamed or dropped.
@@ -147,9 +147,13 @@ class State:
 
 @dataclass(frozen=True, kw_only=True)
 class Reevaluation(EvalResult):
-    """One state of a run scored again, e.g. on another GPU type (discover/reevaluation.py)."""
+    """One state of a run scored again, e.g. on another GPU type (discover/reevaluation.py).
 
-    SCHEMA_VERSION: ClassVar[int] = 1
+    Version 2 adds the GPU as the device reports it (`gpu_memory_mib`, `gpu_driver`) beside the
+    pool's declared type (`declared_gpu`); a version 1 file reads with those empty.
+    """
+
+    SCHEMA_VERSION: ClassVar[int] = 2
 
     # a kernel's runtime per benchmark shape and their geometric mean: one column each, so nights
     # and GPU types compare side by side
@@ -159,7 +163,12 @@ class Reevaluation(EvalResult):
     archived_reward: float
     pool: str
     host: str
-    gpu: str  # the GPU the candidate ran on; "" for a problem that needs none, "none" when there was none
+    # the model of the GPU the row was judged on, as the device reports it; "none" when the machine
+    # has no GPU; for a problem that needs none, why it is unused (version 1 wrote "" there)
+    gpu: str
+    gpu_memory_mib: int = 0  # that GPU's total memory; 0 when not reported or no GPU was used
+    gpu_driver: str = ""  # the NVIDIA driver's version; "" when not reported or no GPU was used
+    declared_gpu: str = ""  # the pool's declared GPU type (DISCOVER_GPU_TYPE); "" when it declares none
 
 
 def child_id(step: int, group: int, index: int) -> str:

@@ -30,7 +30,7 @@ import numpy as np
 from discover.archive import Archive, State
 from discover.config import RunConfig, dump_config, load_config
 from discover.records import Evaluation, Rollout
-from evaluators.base import Problem
+from evaluators.base import Problem, SeedState
 from evaluators.registry import get_problem
 from storage.atomic import atomic_write_json, atomic_write_text, content_hash
 from storage.layout import RunLayout
@@ -209,7 +209,7 @@ class Run:
 
     def seed(self, purpose: str, step: int) -> int:
         """A seed for one purpose at one step, derived from the run seed."""
-        return int(np.random.SeedSequence([self.config.seed, _STREAMS[purpose], step]).generate_state(1)[0])
+        return stream_seed(self.config.seed, purpose, step)
 
     @cached_property
     def _problem(self) -> Problem:
@@ -229,6 +229,18 @@ class Run:
         if not archives:
             raise FileNotFoundError(f"{self.root} has no archive yet")
         return archives[-1]
+
+
+def stream_seed(run_seed: int, purpose: str, step: int) -> int:
+    """The seed of one purpose at one step of a run whose seed is `run_seed` (`Run.seed`)."""
+    return int(np.random.SeedSequence([run_seed, _STREAMS[purpose], step]).generate_state(1)[0])
+
+
+def draw_seeds(problem: Problem, config: RunConfig) -> list[SeedState]:
+    """The run's initial states as its problem draws them (docs/method.md §5a: one per group, or
+    `reuse.seed_states`), from the run's "seeds" stream."""
+    rng = np.random.default_rng(stream_seed(config.seed, "seeds", 0))
+    return problem.seeds(rng, config.reuse.seed_states or config.groups)
 
 
 def make_problem(config: RunConfig) -> Problem:

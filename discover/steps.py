@@ -30,7 +30,7 @@ from discover.preflight import preflight
 from discover.prompts import build_context
 from discover.records import Evaluation, Rollout, State
 from discover.reuse import select_parents as choose_parents
-from discover.run import Ref, Run, load_archive, read_evaluations, read_rollouts, save_archive
+from discover.run import Ref, Run, draw_seeds, load_archive, read_evaluations, read_rollouts, save_archive
 from evaluators.base import EvalResult
 from evaluators.sandbox import sandbox_for
 from storage.atomic import atomic_dir, atomic_write_json
@@ -76,8 +76,7 @@ def initialise(run: Run) -> dict[str, Ref]:
 def _seed_states(run: Run) -> list[State]:
     """docs/method.md §1: the initial states with their rewards; an invalid seed enters with reward 0."""
     problem = run.problem()
-    rng = np.random.default_rng(run.seed("seeds", 0))
-    seeds = problem.seeds(rng, run.config.reuse.seed_states or run.config.groups)  # docs/method.md §5a: one seed per group
+    seeds = draw_seeds(problem, run.config)  # docs/method.md §5a: one seed per group
     sandbox = sandbox_for(
         problem, run.config.sandbox.backend, run.config.sandbox.concurrency, run.config.sandbox.allow_unbounded_process_tree
     )

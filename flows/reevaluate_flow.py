@@ -1,8 +1,10 @@
 """Re-evaluation as a Prefect flow: re-score a run's top-k candidates on this worker's pool.
 
 Deployed per GPU pool with a cron schedule (prefect.yaml); the table goes beside the run
-(RUN_DIR/reevaluations/<timestamp>-<pool>.parquet and .md; a kernel run's table is named by the GPU
-type too and has a runtime column per benchmark shape). The work is discover/reevaluation.py.
+(RUN_DIR/reevaluations/<timestamp>-<pool>.parquet and .md; a kernel run's table is named by this
+machine's GPU model, or no-GPU, and has a runtime column per benchmark shape). The table artifact's
+rows show the pool's declared GPU type beside the device, and its description the verdict. The
+work is discover/reevaluation.py.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from prefect import flow
 from prefect.artifacts import create_table_artifact
 from prefect.context import FlowRunContext
 
-from discover.reevaluation import reevaluate_run, table_rows
+from discover.reevaluation import reevaluate_run, table_rows, table_summary
 from discover.run import Run
 from flows.logs import forward_project_logs
 from flows.naming import reevaluation_key, run_name
@@ -51,6 +53,6 @@ def reevaluate(run_dir: str, top_k: int = 5, gpu_limit: str | None = None) -> st
         slot = partial(concurrency, gpu_limit, occupy=1, strict=True)
     run = Run.open(run_dir)
     rows, out = reevaluate_run(run, top_k, pool, slot)
-    create_table_artifact(table_rows(rows), key=reevaluation_key(run, pool), description=f"{run_dir}: {out.name}")
+    create_table_artifact(table_rows(rows), key=reevaluation_key(run, pool), description=f"{run_dir}: {out.name}. {table_summary(out)}")
     log.info("re-evaluated %d states of %s on %s: %s", len(rows), run_dir, pool, out)
     return str(out)

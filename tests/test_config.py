@@ -56,6 +56,30 @@ def test_bad_configuration_names_the_field_and_allowed_values(data: dict, field:
     assert "run.yaml" in message and field in message and hint in message
 
 
+@pytest.mark.parametrize(
+    "data, line",
+    [
+        (
+            {"problem": "toy", "train": {"learnig_rate": 1e-4}},
+            "  train.learnig_rate: unknown field; did you mean 'learning_rate'? (docs/configuration.md lists every field)",
+        ),
+        (
+            {"problem": "toy", "rollout_per_group": 4},
+            "  rollout_per_group: unknown field; did you mean 'rollouts_per_group'? (docs/configuration.md lists every field)",
+        ),
+        (
+            {"problem": "toy", "sampling": {"context_tokenz": 4096}},
+            "  sampling.context_tokenz: unknown field; did you mean 'context_tokens'? (docs/configuration.md lists every field)",
+        ),
+        ({"problem": "toy", "train": {"zzz": 1}}, "  train.zzz: unknown field; check its spelling against docs/configuration.md"),
+    ],
+)
+def test_a_misspelt_field_names_the_closest_valid_one(data: dict, line: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config(data, source="run.yaml")
+    assert str(err.value).splitlines() == ["invalid configuration in run.yaml:", line]
+
+
 def test_load_config_reports_missing_file_and_bad_yaml(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="not found"):
         load_config(tmp_path / "absent.yaml")

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from discover.archive import Archive, State
 from discover.config import dump_config, parse_config
 from discover.records import Evaluation, Rollout
-from discover.reevaluation import reevaluate_states, write_reevaluation
+from discover.reevaluation import GpuCheck, reevaluate_states, write_reevaluation
 from discover.report import step_rows, write_report
 from discover.run import TASKS, Run, read_evaluations, read_rollouts, save_archive
 from evaluators.markdown import escape_unprintable
@@ -189,7 +189,7 @@ def test_reevaluation_rescores_the_best_states_and_writes_the_table(run_dir: Pat
     assert [r.state_id for r in rows] == ["s0001-g00-r001", "s0000-g00-r000"]  # seeds are not re-scored
     assert all(r.valid and r.reward == pytest.approx(r.archived_reward) for r in rows)
     assert len(held) == 2  # one slot held per candidate
-    out = write_reevaluation(run_dir, rows, "gpu-test", when=0.0)
+    out = write_reevaluation(run_dir, rows, GpuCheck.here("gpu-test", needs_gpu=False), when=0.0)
     assert out == run_dir / "reevaluations" / "19700101T000000Z-gpu-test.parquet"
     assert pq.read_table(out).num_rows == 2 and "gpu-test" in out.with_suffix(".md").read_text()
     assert "Re-evaluations" in write_report(Run.open(run_dir)).read_text()

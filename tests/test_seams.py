@@ -80,7 +80,7 @@ def test_reevaluation_and_the_steps_build_their_sandbox_with_the_one_builder() -
 @pytest.mark.parametrize(
     "change, message",
     [
-        ({"model": {"name": "no such model!"}}, "neither a local model directory nor a valid hub id"),
+        ({"model": {"name": "no such model!"}}, "neither a local model directory, a .gguf file nor a valid hub id"),
         ({"model": {"name": "./missing-dir"}}, "neither a local model directory"),
         ({"problem": "erdos", "problem_options": {"tolerance": 1}}, "problem_options"),
         ({"problem": "erdos", "problem_options": {"seeds_file": "/nonexistent/seeds.json"}}, "does not exist"),

@@ -131,9 +131,9 @@ def test_prompt_at_the_budget_is_forced_at_once_and_prompt_over_it_is_an_error()
     (c,) = run(engine, [[1] * 5], 1, s)[0]
     assert c.forced and c.loss_mask[: len(encode(PHRASE + "</think>"))] == [0, 0]
     assert c.completion_ids[-1] == EOS and c.answer == "!" and c.finish_reason == "stop"
-    with pytest.raises(ValueError, match="more than the thinking budget"):
+    with pytest.raises(ValueError, match=r"is 6 tokens, more than sampling.thinking_budget \(5\) leaves room for"):
         run(Scripted(), [[1] * 6], 1, s)
-    with pytest.raises(ValueError, match="no room in the context"):
+    with pytest.raises(ValueError, match=r"is 30 tokens, more than sampling.context_tokens \(30\) leaves room for"):
         run(Scripted(), [[1] * 30], 1, settings(context_tokens=30, thinking_budget=30))
 
 

@@ -29,7 +29,7 @@ from discover.policy.tiny_model import cached_model
 
 log = logging.getLogger("discover")
 
-__all__ = ["PACKAGED", "PackagedGGUF", "ModelUnavailable", "gguf_file_of", "converted_model_dir"]
+__all__ = ["PACKAGED", "PackagedGGUF", "ModelUnavailable", "gguf_file_of", "converted_model_dir", "converted_name"]
 
 
 class ModelUnavailable(RuntimeError):
@@ -94,10 +94,14 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def converted_name(gguf: Path) -> str:
+    """The name of `gguf`'s converted folder under $DISCOVER_CACHE/models (keyed by its content)."""
+    return f"gguf-{gguf.stem}-{_sha256(gguf)[:16]}"
+
+
 def converted_model_dir(gguf: Path) -> Path:
     """The safetensors model folder of `gguf`, converted on first use (atomically, safe under concurrency)."""
-    name = f"gguf-{gguf.stem}-{_sha256(gguf)[:16]}"
-    return cached_model(name, lambda out: _convert(gguf, out))
+    return cached_model(converted_name(gguf), lambda out: _convert(gguf, out))
 
 
 def _special_token_ids(gguf: Path) -> dict[str, int]:

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import copy
 import threading
-from pathlib import Path
 
 import torch
 
-from discover.config import EMBEDDED_MODEL
+from discover.policy.model_files import resolve_model_path
 
 __all__ = ["BASE_CACHE", "load_base", "resolve_model_path", "share_weights_copy"]
 
@@ -23,29 +22,6 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 # never wrapped itself: every load wraps a structural copy that shares the frozen weights.
 BASE_CACHE: dict[tuple[str, str, str], tuple[object, torch.nn.Module]] = {}
 _BASE_LOCK = threading.Lock()
-
-
-def resolve_model_path(name: str) -> str:
-    """'tiny' / 'tiny-qwen3' -> the embedded model's directory; a packaged GGUF model ('smollm2-135m')
-    or a local .gguf file -> its converted folder (discover/policy/gguf_models.py); a local dir ->
-    itself; else the hub id."""
-    if name == EMBEDDED_MODEL:
-        from discover.policy.tiny_model import tiny_model_path
-
-        return str(tiny_model_path())
-    if name == "tiny-qwen3":
-        from discover.policy.qwen3_model import tiny_qwen3_path
-
-        return str(tiny_qwen3_path())
-    from discover.policy.gguf_models import converted_model_dir, gguf_file_of
-
-    gguf = gguf_file_of(name)
-    if gguf is not None:
-        return str(converted_model_dir(gguf))
-    p = Path(name).expanduser()
-    if p.is_dir():
-        return str(p)
-    return name
 
 
 def load_base(path: str, dtype: str, devices: list[torch.device]):

@@ -152,6 +152,12 @@ def _complete(path: Path) -> bool:
     )
 
 
+def cached_model_path(name: str) -> Path | None:
+    """`$DISCOVER_CACHE/models/<name>` if it has been built, else None (nothing is built)."""
+    target = _cache_root() / "models" / name
+    return target if _complete(target) else None
+
+
 def cached_model(name: str, build: Callable[[Path], Path]) -> Path:
     """`$DISCOVER_CACHE/models/<name>`, built by `build(dir)` on first use (atomically, safe under concurrency)."""
     target = _cache_root() / "models" / name

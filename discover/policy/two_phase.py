@@ -35,7 +35,7 @@ from discover.policy.base import Completion
 from discover.policy.chat_format import FORCED_PHRASE, ChatFormat
 from discover.policy.engine import DecodeEngine, PhaseOutput, PhaseRequest
 
-__all__ = ["Marker", "check_prompts", "sample_two_phase", "stream_two_phase"]
+__all__ = ["Marker", "check_prompts", "prompt_problem", "sample_two_phase", "stream_two_phase"]
 
 Key = tuple[int, int]  # (prompt index, index among its k)
 
@@ -77,19 +77,37 @@ class _Draft:
         return len(self.prompt) + len(self.tokens)
 
 
+def prompt_problem(length: int, settings: SamplingConfig, context: int, what: str = "the prompt") -> str:
+    """Why a prompt of `length` tokens (the rendered context and `answer_prefix`) leaves no room to
+    think and answer, or "" when it does: with a thinking phase it may fill at most the thinking
+    budget (which counts the prompt and the thinking), and it must leave at least one token of the
+    context (`context`: sampling.context_tokens, or the model's positions where fewer). The one rule
+    of the generator (`check_prompts`) and of the pre-flight (discover/preflight.py)."""
+    if settings.think_end is not None and length > settings.thinking_budget:
+        return (
+            f"{what} is {length} tokens, more than sampling.thinking_budget ({settings.thinking_budget}) leaves room for "
+            f"(the budget counts the prompt and the thinking); raise sampling.thinking_budget (and sampling.context_tokens "
+            f"with it) or shorten the prompt"
+        )
+    if length >= context:
+        if context < settings.context_tokens:
+            return (
+                f"{what} is {length} tokens, more than the model's context of {context} positions leaves room for "
+                f"(sampling.context_tokens is {settings.context_tokens}); use a model with a longer context or shorten the prompt"
+            )
+        return (
+            f"{what} is {length} tokens, more than sampling.context_tokens ({context}) leaves room for (at most "
+            f"{context - 1}, so that one token can be generated); raise sampling.context_tokens or shorten the prompt"
+        )
+    return ""
+
+
 def check_prompts(prompts: list[list[int]], settings: SamplingConfig, context: int) -> None:
     """Every prompt must leave room in the thinking budget and the context (a clear error otherwise)."""
     for ids in prompts:
-        if settings.think_end is not None and len(ids) > settings.thinking_budget:
-            raise ValueError(
-                f"the prompt has {len(ids)} tokens, more than the thinking budget of "
-                f"{settings.thinking_budget} tokens; shorten the prompt or raise sampling.thinking_budget"
-            )
-        if len(ids) >= context:
-            raise ValueError(
-                f"the prompt has {len(ids)} tokens, which leaves no room in the context of "
-                f"{context} tokens; shorten the prompt or raise sampling.context_tokens"
-            )
+        why = prompt_problem(len(ids), settings, context)
+        if why:
+            raise ValueError(why)
 
 
 def stream_two_phase(

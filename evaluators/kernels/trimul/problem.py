@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from functools import cached_property
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -42,12 +41,11 @@ from evaluators.kernels.trimul.description import TEMPLATE
 from evaluators.kernels.trimul.static_rules import check_source
 from evaluators.parsing import last_fenced_block
 from evaluators.sandbox.base import SandboxLimits
-from evaluators.sandbox.gpus import GPU_LEASES, GpuLeases
+from evaluators.sandbox.gpus import GPU_LEASES, GPU_TYPE_ENV, GpuLeases, declared_gpu_type, wrong_gpu_reason
 
 HERE = Path(__file__).resolve().parent
 SHAPES = json.loads((HERE / "shapes.json").read_text())
 INITIAL_KERNEL = (HERE / "initial_kernel.py").read_text()
-GPU_TYPE_ENV = "DISCOVER_GPU_TYPE"  # a GPU pool's declared GPU type (prefect.yaml job variables)
 CPU_SEQLEN = 32  # the CPU check uses the test shapes with this N
 TARGET_US = 1000.0  # the released prompt's target runtime
 
@@ -161,7 +159,7 @@ class TriMulProblem(BaseProblem):
 
     def declared_gpu_type(self) -> str | None:
         """The GPU type timings must come from: the pool's declaration, else the `gpu_type` option."""
-        return os.environ.get(GPU_TYPE_ENV) or self.gpu_type
+        return declared_gpu_type() or self.gpu_type
 
     def evaluate(self, candidate: str, parent: ParentView | None, sandbox: Any) -> EvalResult:
         return self.run_checks(candidate, sandbox)
@@ -250,11 +248,9 @@ class TriMulProblem(BaseProblem):
         """Correctness on every test shape first (a wrong kernel is never timed), then the timing."""
         declared = self.declared_gpu_type()
         with self.leases.lease() as gpu:
-            if declared and declared.lower() not in gpu.name.lower():
-                return EvalResult.invalid(
-                    f"the GPU here is {gpu.name}, but {declared} is declared ({GPU_TYPE_ENV} or gpu_type); nothing was "
-                    f"timed: run on a {declared} or correct the pool's declaration"
-                )
+            wrong = wrong_gpu_reason(declared, [gpu], f"{GPU_TYPE_ENV} or gpu_type") if declared else ""
+            if wrong:
+                return EvalResult.invalid(wrong)
             base = {
                 "device": "cuda",
                 "source": source,
