@@ -254,27 +254,8 @@ def test_deployments_workers_automatic_recovery_and_a_schedule_that_fires(tmp_pa
         before = [(e["step"], e["task"]) for e in read_manifest(killed / "manifest.json")["executions"]]
         assert before == [(0, t) for t in TASKS] + [(1, "select_parents"), (1, "generate")]
         assert state(run_b) == "RUNNING"  # nobody told the server
-        wait_state(run_b, "COMPLETED", "worker-3")
-        executions = [(e["step"], e["task"]) for e in read_manifest(killed / "manifest.json")["executions"]]
-        assert executions == before + [(1, "evaluate"), (1, "update_archive"), (1, "train")], executions
-        assert _archive(killed) == _archive(deployed)
-        states = http.get(f"{api}/flow_run_states/", params={"flow_run_id": run_b}).json()
-        assert {"CRASHED", "SCHEDULED"} <= {s["type"] for s in states}, [(s["type"], s["message"]) for s in states]
-        # The killed step's runs end in a final state; each step's subflow is named after the run and the step.
-        steps_runs = http.post(f"{api}/flow_runs/filter", json={"flow_runs": {"tags": {"all_": ["step:1"]}}}).json()
-        ours = [r for r in steps_runs if any(t.startswith("discover-run:killed-") for t in r["tags"])]
-        assert {r["name"] for r in ours} == {"killed-step-1"} and len(ours) == 2, [(r["name"], r["state"]["type"]) for r in ours]
-        assert sorted(r["state"]["type"] for r in ours) == ["COMPLETED", "CRASHED"]
-        live = http.post(
-            f"{api}/task_runs/filter",
-            json={
-                "flow_runs": {"id": {"any_": [r["id"] for r in ours]}},
-                "task_runs": {"state": {"type": {"any_": ["RUNNING", "PENDING"]}}},
-            },
-        ).json()
-        assert live == [], [(t["name"], t["state"]["type"]) for t in live]
 
-        # 3. A re-evaluation scheduled with `discover schedule`, every minute, runs by itself on a
+        # 3. (set up while the automations of 2. do their work, a minute or two) A re-evaluation scheduled with `discover schedule`, every minute, runs by itself on a
         # worker of the H100 pool. Of a run whose archive certainly holds children (the v1
         # fixture's): whether the tiny random model writes a valid child in a two-step run depends
         # on the machine's arithmetic.
@@ -295,6 +276,28 @@ def test_deployments_workers_automatic_recovery_and_a_schedule_that_fires(tmp_pa
             done = [r for r in runs if r["state"]["type"] == "COMPLETED" and r["auto_scheduled"]]
             return done[0]["id"] if done else None
 
+        # 2. (continued) The killed run has finished by itself.
+        wait_state(run_b, "COMPLETED", "worker-3")
+        executions = [(e["step"], e["task"]) for e in read_manifest(killed / "manifest.json")["executions"]]
+        assert executions == before + [(1, "evaluate"), (1, "update_archive"), (1, "train")], executions
+        assert _archive(killed) == _archive(deployed)
+        states = http.get(f"{api}/flow_run_states/", params={"flow_run_id": run_b}).json()
+        assert {"CRASHED", "SCHEDULED"} <= {s["type"] for s in states}, [(s["type"], s["message"]) for s in states]
+        # The killed step's runs end in a final state; each step's subflow is named after the run and the step.
+        steps_runs = http.post(f"{api}/flow_runs/filter", json={"flow_runs": {"tags": {"all_": ["step:1"]}}}).json()
+        ours = [r for r in steps_runs if any(t.startswith("discover-run:killed-") for t in r["tags"])]
+        assert {r["name"] for r in ours} == {"killed-step-1"} and len(ours) == 2, [(r["name"], r["state"]["type"]) for r in ours]
+        assert sorted(r["state"]["type"] for r in ours) == ["COMPLETED", "CRASHED"]
+        live = http.post(
+            f"{api}/task_runs/filter",
+            json={
+                "flow_runs": {"id": {"any_": [r["id"] for r in ours]}},
+                "task_runs": {"state": {"type": {"any_": ["RUNNING", "PENDING"]}}},
+            },
+        ).json()
+        assert live == [], [(t["name"], t["state"]["type"]) for t in live]
+
+        # 3. (continued) The scheduled re-evaluation has fired and completed by itself.
         _wait("the scheduled re-evaluation to complete", completed_scheduled_run, RUN_WAIT_S, lambda: procs.log("gpu-worker"))
         tables = sorted((rescored / "reevaluations").glob("*-gpu-h100.parquet"))
         assert tables and tables[0].with_suffix(".md").is_file()
