@@ -255,10 +255,10 @@ def test_deployments_workers_automatic_recovery_and_a_schedule_that_fires(tmp_pa
         assert before == [(0, t) for t in TASKS] + [(1, "select_parents"), (1, "generate")]
         assert state(run_b) == "RUNNING"  # nobody told the server
 
-        # 3. (set up while the automations of 2. do their work, a minute or two) A re-evaluation scheduled with `discover schedule`, every minute, runs by itself on a
-        # worker of the H100 pool. Of a run whose archive certainly holds children (the v1
-        # fixture's): whether the tiny random model writes a valid child in a two-step run depends
-        # on the machine's arithmetic.
+        # 3. (set up while the automations of 2. do their work, a minute or two) A re-evaluation
+        # scheduled with `discover schedule`, every minute, runs by itself on a worker of the H100
+        # pool. Of a run whose archive certainly holds children (the v1 fixture's): whether the tiny
+        # random model writes a valid child in a two-step run depends on the machine's arithmetic.
         rescored = tmp_path / "v1-complete"
         shutil.copytree(V1_COMPLETE, rescored)
         procs.start("gpu-worker", [str(BIN / "prefect"), "worker", "start", "--pool", "gpu-h100", "--type", "process"], env)
