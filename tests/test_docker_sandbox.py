@@ -37,10 +37,19 @@ def _docker(image: str = "python-math", concurrency: int = 2):
     return DockerSandbox(image=image, concurrency=concurrency)
 
 
-def _ours() -> list:
+def _all() -> list:
     from evaluators.sandbox.docker import sandbox_containers
 
     return sandbox_containers()
+
+
+def _ours() -> list:
+    """This test process's containers: another process's sandbox (a concurrent test session, a
+    run on the same engine) starts and stops containers of its own while these tests count."""
+    from evaluators.sandbox.docker import OWNER_LABEL, _owner
+
+    owner = _owner()
+    return [c for c in _all() if c.labels.get(OWNER_LABEL) == owner]
 
 
 def _run_uid_pids() -> list[int]:
@@ -139,7 +148,7 @@ def test_containers_go_when_the_host_process_is_killed():
     pid = done.stdout.split()[1]
 
     def left() -> list:
-        return [c for c in _ours() if c.labels.get("discover.sandbox.owner", "").split(":")[1:2] == [pid]]
+        return [c for c in _all() if c.labels.get("discover.sandbox.owner", "").split(":")[1:2] == [pid]]
 
     _wait_until(lambda: not left())
     assert not left(), "containers of a killed owner were not removed"
@@ -161,7 +170,7 @@ def test_reap_orphans_removes_containers_of_dead_owners():
     )
     try:
         assert reap_orphans(client) >= 1
-        assert c.id not in {x.id for x in _ours()}
+        assert c.id not in {x.id for x in _all()}
     finally:
         try:
             c.remove(force=True)
