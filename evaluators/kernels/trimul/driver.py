@@ -489,6 +489,13 @@ def main(job):
             "TORCHINDUCTOR_FX_GRAPH_CACHE": "0",
             "TORCHINDUCTOR_AUTOGRAD_CACHE": "0",
             "TORCHINDUCTOR_COMPILE_THREADS": "1",
+            # getpass.getuser() reads these before the password database, where the sandbox's uid has
+            # no entry (torch.compile's import asked for it and failed: "getpwuid(): uid not found")
+            # (Inductor's precompiled headers go to $TMPDIR/torchinductor_$USER: the run's own directory).
+            "USER": "sandbox",
+            "LOGNAME": "sandbox",
+            "TORCH_COMPILE_DEBUG_DIR": os.path.join(workdir, "compile-debug"),  # Inductor's debug output, if any
+            "TMPDIR": workdir,  # already so in both sandboxes; said here because Inductor's headers follow it
             "CUDA_CACHE_DISABLE": "1",
         }
     )

@@ -108,6 +108,7 @@ class KernelProcess:
 
         import torch
 
+        quiet_progress_bars()
         self.torch = torch
         self.captured = Captured(torch)
         path = os.path.join(message["workdir"], "submission.py")
@@ -182,6 +183,16 @@ class KernelProcess:
                 traceback.print_exc()
                 reply = {"id": message.get("id"), "error": "the kernel raised: " + _last_line(err)}
             send_message(self.sock, reply)  # noqa: F821 (handover.py)
+
+
+def quiet_progress_bars():
+    """No tqdm monitor thread: torch.compile makes a (disabled) tqdm bar per compilation, and every
+    tqdm instance starts a monitor thread, which the thread check above would reject as the kernel's."""
+    try:
+        import tqdm
+    except ImportError:  # torch then uses its own stand-in, which starts no thread
+        return
+    tqdm.tqdm.monitor_interval = 0
 
 
 def _last_line(err):
