@@ -85,7 +85,8 @@ def test_a_kernel_caching_outputs_by_input_identity_gets_no_hit_or_is_wrong(log_
     v = _run(CACHES_BY_IDENTITY, log)
     outcomes = log.read_text().split()
     assert outcomes and set(outcomes) <= {"hit", "miss"}, outcomes
-    if "hit" in outcomes:  # a stale result for new inputs at a reused address
-        assert not v.valid and "checked output values are wrong" in v.reason, v.reason
+    if "hit" in outcomes:  # a stale result for new inputs at a reused address: wrong, or a reply without work
+        assert not v.valid and v.reward == 0.0, v.reason
+        assert "checked output values are wrong" in v.reason or "no slower than the calibration" in v.reason, v.reason
     else:  # every call computed: timed as what it is
         assert v.reason.startswith(PASSED), v.reason + v.observation[-2000:]

@@ -23,7 +23,9 @@ so the clock, the inputs' seeds, the output's judge and the report live where it
    candidate's process (issue 27: a kernel that made those calls slow had up to 790x "gained"):
    before the candidate's process exists, a calibration process of the same kind (the same program,
    interpreter, handover and output copy) loads a trusted kernel that returns its input x, and the
-   median of its round trips per benchmark shape (after warm-up calls) is the overhead subtracted.
+   fastest of its round trips per benchmark shape (after warm-up calls) is the overhead subtracted:
+   the least the harness's own part of a call took, so noise in the calibration (a loaded machine)
+   can only lengthen the candidate's time, never credit it with overhead it did not pay.
    The candidate's process sees only real calls, each timed and each checked, so it has no call to
    behave differently on; the warm-up call is never timed.
 4. After each call: the inputs compared bit for bit with the private copy kept here (in-place
@@ -56,7 +58,7 @@ import traceback
 KERNEL_DIR = "kernel"  # the kernel process's working directory, inside the run's directory
 CALIBRATION_DIR = "calibration"  # the calibration process's working directory, inside the run's directory
 CALIBRATION_WARMUP = 3  # untimed calls per benchmark shape before the calibration's timed ones
-CALIBRATION_CALLS = 21  # the calibration's timed round trips per benchmark shape; their median is subtracted
+CALIBRATION_CALLS = 21  # the calibration's timed round trips per benchmark shape; the fastest is subtracted
 # The trusted kernel of the calibration: no work, the output copy and everything around it as in a real call.
 CALIBRATION_KERNEL = "def custom_kernel(data):\n    return data[0]\n"
 PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER = 4, 36
@@ -419,7 +421,7 @@ class Timer:
         return pos_seed, full, _b64(values), _b64(x_values)
 
     def calibrate(self, shapes):
-        """Per shape, the median round trip of the trusted calibration kernel (it returns its input):
+        """Per shape, the fastest round trip of the trusted calibration kernel (it returns its input):
         the handover, mapping, output copy and reply of a real call, with no work. Run while the
         timer's link is to the calibration process, before the candidate's process exists."""
         overheads = []
@@ -433,7 +435,7 @@ class Timer:
                     raise RuntimeError(f"the calibration kernel (trusted, no candidate code) failed: {str(reply)[:300]}")
                 if i >= CALIBRATION_WARMUP:
                     trips.append(ms)
-            overheads.append(sorted(trips)[len(trips) // 2])
+            overheads.append(min(trips))  # the least overhead a call can have: noise never pays the candidate
         return overheads
 
     def benchmark(self, index, shape, overhead):
