@@ -22,8 +22,9 @@ from tests.trimul_kernels import ATTACKS, CORRECT_TORCH
 
 PROBLEM = TriMulProblem(device="cpu", cpu_timing=True)
 PASSED = "correct on the CPU check"
-# A reply before the work: caught by the empty call's time, the unwritten NaNs or the late write.
-REPLIED_EARLY = ("no slower than an empty call", "NaN/inf where the reference has none", "changed after the kernel process replied")
+# A reply before the work: caught by a time under the calibration's (a trusted kernel doing no work), the
+# unwritten NaNs or the late write.
+REPLIED_EARLY = ("no slower than the calibration", "NaN/inf where the reference has none", "changed after the kernel process replied")
 # What each attack gets past the rules: "timed" (it passes the check and is timed like the honest
 # kernel) or a phrase (or phrases, any one) of its rejection.
 OUTCOMES = {
@@ -38,8 +39,8 @@ OUTCOMES = {
     "spawns_a_thread": "it started a thread",
     "patches_torch_functions_globally": "replaced torch.equal",
     # wrong values; on a busy machine a reply this quick may be caught first as one without work
-    "returns_its_input": ("checked output values are wrong", "no slower than an empty call"),
-    "returns_a_cached_result": ("checked output values are wrong", "no slower than an empty call"),
+    "returns_its_input": ("checked output values are wrong", "no slower than the calibration"),
+    "returns_a_cached_result": ("checked output values are wrong", "no slower than the calibration"),
     "reads_the_timers_memory": "timed",
 }
 # Forged figures are orders of magnitude off (a forged report says 0.001 µs, an unworked reply

@@ -16,7 +16,7 @@ import pytest
 from evaluators.kernels.trimul.problem import HERE, INITIAL_KERNEL, SHAPES, TriMulProblem
 from evaluators.kernels.trimul.verdict import describe
 from evaluators.sandbox import sandbox_for
-from tests.trimul_kernels import HOSTILE, SIDE_STREAM
+from tests.trimul_kernels import HONEST_LOGGING, HOSTILE, SIDE_STREAM, SLOW_EMPTY_CALLS, TORCH_COMPILE
 
 torch = pytest.importorskip("torch")
 pytestmark = [
@@ -90,3 +90,21 @@ def test_five_timings_of_one_kernel_and_their_spread(problem, box) -> None:
     for i in range(len(SHAPES["benchmarks"])):
         per_shape = [r.construction["runtimes_us"][i] for r in runs]
         print(f"  shape {i}: {min(per_shape):.1f} .. {max(per_shape):.1f} µs")
+
+
+def test_an_honest_torch_compile_kernel_is_timed_and_rewarded(problem, box) -> None:
+    """Issue 27 B on a GPU (Inductor emits Triton there): valid, reward > 0."""
+    v = problem.evaluate(TORCH_COMPILE, None, box)
+    assert v.valid and v.reward > 0, v.reason + v.observation[-3000:]
+    _table("torch.compile kernel", v)
+
+
+def test_slowing_the_calls_it_is_not_timed_on_gains_nothing_on_a_gpu(problem, box) -> None:
+    """Issue 27 A on a GPU: the slow-empty-call attack against its honest twin (both log to /dev/null).
+    A GPU's run-to-run spread is a few percent; the attack once gained 53x to 790x."""
+    log = "COMPUTE_LOG = '/dev/null'\n"
+    honest = problem.run_checks(log + HONEST_LOGGING, box, static_rules=False)
+    attack = problem.run_checks(log + SLOW_EMPTY_CALLS, box, static_rules=False)
+    assert honest.valid, honest.reason + honest.observation[-3000:]
+    print(f"\nhonest {honest.reward:.4f}, slow-empty-call attack {attack.reward:.4f} ({attack.reason[:200]})")
+    assert attack.reward <= 1.5 * honest.reward

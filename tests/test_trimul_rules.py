@@ -87,6 +87,17 @@ def test_legitimate_kernels_keep_every_rule(source: str) -> None:
         ("match 1:\n    case int(real=r):\n        pass", "`match` statements"),
         ("class M:\n    def __getattribute__(self, n):\n        return 1", "defines `__getattribute__`"),
         ("open('/proc/self/mem')", "uses `open`"),
+        # torch.compile: only plain settings, never a value (issue 27: opening it must not open Inductor's options)
+        ("c = torch.compile(trimul, options={'trace.debug_dir': '/tmp/x'})", "torch.compile with `options=`"),
+        ("c = torch.compile(trimul, options={'cpp.cxx': ('sh', '-c', 'id')})", "torch.compile with `options=`"),
+        ("c = torch.compile(trimul, **{'options': {}})", "torch.compile with **"),
+        ("def b(gm, args):\n    return gm\nc = torch.compile(trimul, backend=b)", "backend= other than one of"),
+        ("c = torch.compile(trimul, backend='tvm')", "backend= other than one of"),
+        ("c = torch.compile(trimul, mode='m' + 'ax-autotune')", "mode= other than one of"),
+        ("c = torch.compile(trimul, 'inductor')", "more than the function positionally"),
+        ("c = torch.compile\nd = c(trimul, options={})", "uses torch.compile as a value"),
+        ("c = [torch.compile][0]", "uses torch.compile as a value"),
+        ("@torch.compile(options={'debug': True})\ndef g(x):\n    return x", "torch.compile with `options=`"),
     ],
 )
 def test_each_broken_rule_is_named(snippet: str, phrase: str) -> None:
@@ -102,6 +113,11 @@ def test_the_side_stream_kernel_and_kernels_without_triton_or_entry_are_refused(
     assert check_source("def f(:\n")[0].startswith("syntax error")
     compiled = BASE + "\ncustom_kernel = torch.compile(lambda data: trimul(*data))\n"
     assert check_source(compiled) == []  # the entry point may be assigned
+    settings = (
+        BASE + "\ncustom_kernel = torch.compile(lambda data: trimul(*data), dynamic=False, mode='max-autotune', backend='inductor')\n"
+    )
+    assert check_source(settings) == []
+    assert check_source(BASE + "\n@torch.compile\ndef custom_kernel(data):\n    return trimul(*data)\n") == []
 
 
 # -- inputs, reference, tolerance -----------------------------------------------------------------

@@ -550,3 +550,110 @@ def custom_kernel(data):
 """,
     "uses `torch.os`",
 )
+
+
+# -- the clock's calibration (issue 27): what a kernel gains from the round trip subtracted from it --
+#
+# The slow empty call: the round trip the timer subtracts was once the median of "empty" calls
+# answered by the candidate's own process. This kernel spins through every empty call for 90% of
+# its own real compute, so the subtraction ate 90% of each timed call (runs measured it 53x and
+# 790x faster than the seed with correct outputs). It logs its real compute (seconds per call, one
+# line each) to COMPUTE_LOG, a path the test puts in front of the source. Past the rules only
+# (torch.sys is refused): it reaches the server through the interpreter's __main__ module.
+SLOW_EMPTY_CALLS = (
+    BASE
+    + """
+clock = torch.sys.modules["time"].perf_counter
+spent = []
+
+
+def custom_kernel(data):
+    start = clock()
+    y = trimul(*data)
+    spent.append(clock() - start)
+    with torch.builtins.open(COMPUTE_LOG, "a") as log:
+        log.write(f"{spent[-1]!r}\\n")
+    return y
+
+
+server = torch.sys.modules["__main__"]
+for name in ("KernelProcess", "CalibrationProcess", "Server"):
+    cls = torch.builtins.getattr(server, name, None)
+    real_call = torch.builtins.getattr(cls, "call", None)
+    if real_call is None:
+        continue
+
+    def call(self, message, *rest, _real=real_call):
+        if isinstance(message, dict) and message.get("empty") and spent:
+            until = clock() + 0.9 * min(spent)
+            while clock() < until:  # as slow as a real call, less a sliver
+                pass
+        return _real(self, message, *rest)
+
+    torch.builtins.setattr(cls, "call", call)
+"""
+)
+
+# The same kernel without the trick: the honest equivalent the attack is compared with.
+HONEST_LOGGING = (
+    BASE
+    + """
+clock = torch.sys.modules["time"].perf_counter
+
+
+def custom_kernel(data):
+    start = clock()
+    y = trimul(*data)
+    with torch.builtins.open(COMPUTE_LOG, "a") as log:
+        log.write(f"{clock() - start!r}\\n")
+    return y
+"""
+)
+
+# Outputs cached by the inputs' identity (their addresses and shape): a repeat of the same buffers
+# returns the stored result without work. Fresh buffers per call make a hit either impossible or
+# wrong (new values at an old address). Logs "hit" or "miss" per call to COMPUTE_LOG.
+CACHES_BY_IDENTITY = (
+    BASE
+    + """
+_results = {}
+
+
+def custom_kernel(data):
+    x, mask, w, config = data
+    key = (x.data_ptr(), mask.data_ptr(), w["to_out.weight"].data_ptr(), tuple(x.shape))
+    hit = key in _results
+    with torch.builtins.open(COMPUTE_LOG, "a") as log:
+        log.write("hit\\n" if hit else "miss\\n")
+    if not hit:
+        _results[key] = trimul(*data)
+    return _results[key].clone()
+"""
+)
+
+# An honest kernel that compiles its PyTorch part with torch.compile (Inductor: C++ on CPU, Triton on
+# a GPU; static shapes, one compilation per shape) and passes the result through a Triton kernel
+# outside the compiled function (the Triton interpreter of the CPU check is not traced by Dynamo).
+TORCH_COMPILE = (
+    BASE
+    + """
+
+def gated_product(x, mask, w, config):
+    C, H = config["dim"], config["hidden_dim"]
+    xn = F.layer_norm(x, (C,), w["norm.weight"], w["norm.bias"])
+    m = mask.unsqueeze(-1).to(x.dtype)
+    left = F.linear(xn, w["left_proj.weight"]) * m * torch.sigmoid(F.linear(xn, w["left_gate.weight"]))
+    right = F.linear(xn, w["right_proj.weight"]) * m * torch.sigmoid(F.linear(xn, w["right_gate.weight"]))
+    out = torch.einsum("bikh,bjkh->bijh", left, right)
+    out = F.layer_norm(out, (H,), w["to_out_norm.weight"], w["to_out_norm.bias"])
+    out = out * torch.sigmoid(F.linear(xn, w["out_gate.weight"]))
+    return F.linear(out, w["to_out.weight"])
+
+
+compiled = torch.compile(gated_product, dynamic=False)
+
+
+def custom_kernel(data):
+    return through_triton(compiled(*data))
+"""
+)

@@ -33,7 +33,8 @@ x drawn from a normal or a heavy-tailed Cauchy distribution; with and without a 
 timed call, every element of y must be within 2e-2 + 2e-2 * |reference| of the float32 reference
 (computed with TF32 off), and NaN or inf may appear only where the reference has them.
 Speed: each of the {benchmarks} benchmark shapes below is called many times, each time on new inputs
-and after the L2 cache is flushed, and timed with CUDA events; its runtime is the mean.
+and after the L2 cache is flushed, and timed from outside the kernel's process (less the harness's
+own round trip, measured with a kernel that does nothing); its runtime is the mean.
 Benchmark shapes (B, N, C, H, distribution, mask):
 {benchmark_list}
 Reward: {scale:g} / (geometric mean of the {benchmarks} runtimes in microseconds); higher is better, and
@@ -53,6 +54,8 @@ Rules; a kernel that breaks one gets 0:
 - no names or attributes starting with "_", no getattr/setattr/eval/exec/compile/open/globals/vars,
   no other CUDA streams, threads, processes, events or clocks, no tensor subclasses or special
   methods such as __torch_function__, no files, no native extensions or unpickling;
+- torch.compile is allowed with its function and the keywords fullgraph, dynamic, disable, mode and
+  backend ("inductor", "eager" or "aot_eager"); not with options=;
 - do not change attributes of modules or library objects; setting the flags of
   torch.backends.cuda.matmul and torch.backends.cudnn is allowed;
 - leave the inputs unchanged (no in-place writes to x, mask or the weights), return a plain tensor

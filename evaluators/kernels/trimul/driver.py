@@ -19,8 +19,15 @@ so the clock, the inputs' seeds, the output's judge and the report live where it
    copies the output buffer into its own memory (on a GPU: a device copy on its own stream and a
    synchronise) and only then stops the clock. A reply sent before the output was written gives a
    copy with the unwritten NaNs (the checker rejects it) or, where the copy had to wait for the
-   kernel's work, a time that includes the work. The median round trip of an empty call (the same
-   handover and copy, no kernel) is subtracted.
+   kernel's work, a time that includes the work. What is subtracted is never measured through the
+   candidate's process (issue 27: a kernel that made those calls slow had up to 790x "gained"):
+   before the candidate's process exists, a calibration process of the same kind (the same program,
+   interpreter, handover and output copy) loads a trusted kernel that returns its input x, and the
+   fastest of its round trips per benchmark shape (after warm-up calls) is the overhead subtracted:
+   the least the harness's own part of a call took, so noise in the calibration (a loaded machine)
+   can only lengthen the candidate's time, never credit it with overhead it did not pay.
+   The candidate's process sees only real calls, each timed and each checked, so it has no call to
+   behave differently on; the warm-up call is never timed.
 4. After each call: the inputs compared bit for bit with the private copy kept here (in-place
    writes), the copied output sampled at positions drawn after the copy, and the previous call's
    output buffer compared with its copy (a write after the reply: the kernel replied before it
@@ -49,7 +56,11 @@ import time
 import traceback
 
 KERNEL_DIR = "kernel"  # the kernel process's working directory, inside the run's directory
-EMPTY_CALLS = 21  # empty round trips per benchmark shape; their median is subtracted
+CALIBRATION_DIR = "calibration"  # the calibration process's working directory, inside the run's directory
+CALIBRATION_WARMUP = 3  # untimed calls per benchmark shape before the calibration's timed ones
+CALIBRATION_CALLS = 21  # the calibration's timed round trips per benchmark shape; the fastest is subtracted
+# The trusted kernel of the calibration: no work, the output copy and everything around it as in a real call.
+CALIBRATION_KERNEL = "def custom_kernel(data):\n    return data[0]\n"
 PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER = 4, 36
 
 
@@ -112,9 +123,9 @@ def kill_descendants():
 class KernelLink:
     """The kernel process and the socket to it."""
 
-    def __init__(self, job, workdir, program):
+    def __init__(self, job, workdir, program, source=None, directory=KERNEL_DIR):
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        kernel_dir = os.path.join(workdir, KERNEL_DIR)
+        kernel_dir = os.path.join(workdir, directory)
         os.makedirs(kernel_dir, exist_ok=True)
         # Import-path entries kept open as /proc/self/fd/N by the harness must stay open in the child.
         path_fds = [int(p.split("/")[-1]) for p in sys.path if p.startswith("/proc/self/fd/") and p.split("/")[-1].isdigit()]
@@ -134,7 +145,13 @@ class KernelLink:
         # No candidate code exists yet: it arrives with "load", after this process has closed itself off.
         become_untouchable()
         self.load_reply = self.request(
-            {"op": "load", "source": job["source"], "sys_path": list(sys.path), "workdir": kernel_dir, "device": job["device"]}
+            {
+                "op": "load",
+                "source": job["source"] if source is None else source,
+                "sys_path": list(sys.path),
+                "workdir": kernel_dir,
+                "device": job["device"],
+            }
         )
 
     def request(self, message, fds=()):
@@ -318,14 +335,14 @@ class Timer:
         out_shape = (shape["bs"], shape["seqlen"], shape["seqlen"], shape["dim"])
         return self.Handover(self.torch, self.np, data, out_shape), data[3]
 
-    def round_trip(self, hand, config, empty, timed):
+    def round_trip(self, hand, config, timed):
         """(ms from handing the buffers over to holding a copy of the output, the reply)."""
         if timed and self.flush_buffer is not None:
             self.flush_buffer.zero_()  # evict L2: the inputs come from memory, as in real use
         self.sync()
         t0 = time.perf_counter_ns()
         try:
-            reply = self.link.call({**hand.message(), "config": config, "empty": empty}, hand.fds())
+            reply = self.link.call({**hand.message(), "config": config}, hand.fds())
         finally:
             hand.handed_over()
         hand.take_output()  # docs/method.md §5c, the two-process clock: it stops once the output is ours
@@ -350,7 +367,7 @@ class Timer:
         seed = self.fresh_seed() if seed is None else int(seed)
         label = f"{kind} call on {set_name} shape {shape_index}"
         hand, config = self.handover(shape, seed)
-        host_ms, reply = self.round_trip(hand, config, empty=False, timed=timed)
+        host_ms, reply = self.round_trip(hand, config, timed=timed)
         if reply.get("rejected"):
             raise Rejected(f"{label}: {reply['rejected']}")
         if reply.get("error"):
@@ -366,8 +383,8 @@ class Timer:
         ms = host_ms - overhead_ms if timed else None
         if timed and ms <= 0:
             raise Rejected(
-                f"{label}: the kernel process answered in {host_ms:.4f} ms, no slower than an empty call "
-                f"({overhead_ms:.4f} ms): it replied without running the kernel"
+                f"{label}: the kernel process answered in {host_ms:.4f} ms, no slower than the calibration's "
+                f"trusted kernel that returns its input ({overhead_ms:.4f} ms): it replied without running the kernel"
             )
         record = {
             "kind": kind,
@@ -403,24 +420,30 @@ class Timer:
             x_values = x[tuple(x_idx)].cpu().numpy()
         return pos_seed, full, _b64(values), _b64(x_values)
 
-    def empty_round_trip_ms(self, shape):
-        """The median round trip of an empty call: the same handover and output copy, no kernel."""
-        trips = []
-        for _ in range(EMPTY_CALLS):
-            hand, config = self.handover(shape, self.fresh_seed())
-            ms, reply = self.round_trip(hand, config, empty=True, timed=True)
-            hand.release()
-            if reply.get("done") is not True:
-                raise KernelFailed(f"the kernel process did not answer an empty call ({str(reply)[:200]})")
-            trips.append(ms)
-        return sorted(trips)[len(trips) // 2]
+    def calibrate(self, shapes):
+        """Per shape, the fastest round trip of the trusted calibration kernel (it returns its input):
+        the handover, mapping, output copy and reply of a real call, with no work. Run while the
+        timer's link is to the calibration process, before the candidate's process exists."""
+        overheads = []
+        for shape in shapes:
+            trips = []
+            for i in range(CALIBRATION_WARMUP + CALIBRATION_CALLS):
+                hand, config = self.handover(shape, self.fresh_seed())
+                ms, reply = self.round_trip(hand, config, timed=True)
+                hand.release()
+                if reply.get("done") is not True:
+                    raise RuntimeError(f"the calibration kernel (trusted, no candidate code) failed: {str(reply)[:300]}")
+                if i >= CALIBRATION_WARMUP:
+                    trips.append(ms)
+            overheads.append(min(trips))  # the least overhead a call can have: noise never pays the candidate
+        return overheads
 
-    def benchmark(self, index, shape):
+    def benchmark(self, index, shape, overhead):
+        """Warm-up, then timed calls; `overhead`: the calibration's round trip on this shape, in ms."""
         t = self.job["timing"]
         where = ("benchmarks", index)
         self.call(where, shape, shape["seed"], "warmup")
         self.check_late_writes()
-        overhead = self.empty_round_trip_ms(shape)
         times = []
         started = time.monotonic()
         while len(times) < t["max_calls"]:
@@ -447,7 +470,7 @@ class Timer:
             "std_ms": std,
             "best_ms": min(times),
             "worst_ms": max(times),
-            "empty_round_trip_ms": overhead,
+            "calibration_round_trip_ms": overhead,
         }
 
 
@@ -468,6 +491,13 @@ def main(job):
             "TORCHINDUCTOR_FX_GRAPH_CACHE": "0",
             "TORCHINDUCTOR_AUTOGRAD_CACHE": "0",
             "TORCHINDUCTOR_COMPILE_THREADS": "1",
+            # getpass.getuser() reads these before the password database, where the sandbox's uid has
+            # no entry (torch.compile's import asked for it and failed: "getpwuid(): uid not found")
+            # (Inductor's precompiled headers go to $TMPDIR/torchinductor_$USER: the run's own directory).
+            "USER": "sandbox",
+            "LOGNAME": "sandbox",
+            "TORCH_COMPILE_DEBUG_DIR": os.path.join(workdir, "compile-debug"),  # Inductor's debug output, if any
+            "TMPDIR": workdir,  # already so in both sandboxes; said here because Inductor's headers follow it
             "CUDA_CACHE_DISABLE": "1",
         }
     )
@@ -506,10 +536,29 @@ def main(job):
     return result
 
 
+def calibrate(job, report, torch, numpy, workdir):
+    """The overhead subtracted per benchmark shape, measured before the candidate's process exists
+    (docs/method.md §5c, the calibration): a fresh kernel process of the same kind, the same program
+    and handover, loading the trusted CALIBRATION_KERNEL; it is killed before the candidate starts."""
+    if not job["benchmarks"]:
+        return []
+    link = KernelLink(job, workdir, job["kernel_program"], source=CALIBRATION_KERNEL, directory=CALIBRATION_DIR)
+    try:
+        if link.load_reply.get("ok") is not True:
+            raise RuntimeError(f"the calibration kernel (trusted, no candidate code) did not load: {str(link.load_reply)[:300]}")
+        overheads = Timer(job, torch, numpy, generate_input, link).calibrate(job["benchmarks"])  # noqa: F821 (inputs.py)
+    finally:
+        if not link.close():
+            raise RuntimeError("the calibration process's descendants could not all be killed")
+    report["calibration"] = {"kernel": CALIBRATION_KERNEL, "calls": CALIBRATION_CALLS, "round_trip_ms": overheads}
+    return overheads
+
+
 def run_kernel(job, report, torch, numpy, workdir):
     """The kernel process started, loaded, called on every test and benchmark shape, and closed: the report."""
     link = None
     try:
+        overheads = calibrate(job, report, torch, numpy, workdir)
         link = KernelLink(job, workdir, job["kernel_program"])  # becomes untouchable once the process exists
         reply = link.load_reply
         if reply.get("error"):
@@ -524,7 +573,7 @@ def run_kernel(job, report, torch, numpy, workdir):
             for j, seed in enumerate(job["test_seeds"][i]):  # None: a fresh seed (a repeat on new inputs)
                 timer.call(("tests", i), shape, seed, "test" if j == 0 else "check")
         for i, shape in enumerate(job["benchmarks"]):
-            report["benchmarks"].append(timer.benchmark(i, shape))
+            report["benchmarks"].append(timer.benchmark(i, shape, overheads[i]))
         link.close()
         link = None
         timer.check_late_writes()  # the kernel process is gone: whatever it left in the last buffer is final

@@ -13,8 +13,9 @@ One evaluation, on a machine with a GPU:
 4. The checker (checker.py), trusted code in another sandbox run on the same GPU that never imports
    the candidate, regenerates every call's inputs, computes the reference and judges the samples.
    Only a kernel correct on every test shape goes on to be timed: a second driver run does, per
-   benchmark shape, a warm-up, empty round trips (subtracted) and timed calls, all on fresh inputs
-   and all sampled, and the checker judges those too.
+   benchmark shape, a warm-up and timed calls, all on fresh inputs and all sampled, less the round
+   trip of a trusted no-work kernel calibrated in a process of its own before the candidate's
+   process started (driver.py, `calibrate`), and the checker judges those too.
 5. verdict.py checks the driver's report, the roofline floors (roofline.py) and scores it.
 
 Without a GPU (or with `device: cpu`) steps 3 and 4 run on the CPU under Triton's interpreter, on
@@ -53,6 +54,9 @@ TARGET_US = 1000.0  # the released prompt's target runtime
 PAPER_LIMITS = {"timeout_s": 530.0, "memory_mb": 16384, "cpus": 4}
 CHECKER_TIMEOUT_S = 600.0  # the trusted checker's own limit (it recomputes the reference per call)
 MAX_OUTPUT_BYTES = 128 << 20  # the driver's report carries the output samples
+# The largest file a run may write: torch.compile's Inductor on CPU precompiles a header of 118 MB
+# (torch 2.11; g++ died of RLIMIT_FSIZE at the default 64 MB).
+MAX_FILE_MB = 256
 SAMPLING = {
     "full_check_elements": 1 << 20,  # outputs up to this many elements come back whole
     "sample_elements": {"test": 1 << 18, "timed": 1 << 12},  # else this many positions, drawn after the call
@@ -105,6 +109,7 @@ class TriMulProblem(BaseProblem):
             memory_mb=memory_mb,
             cpus=cpus,
             max_output_bytes=MAX_OUTPUT_BYTES,
+            max_file_mb=MAX_FILE_MB,
             max_processes=256,
             limit_address_space=False,
         )

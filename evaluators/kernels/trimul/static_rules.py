@@ -9,7 +9,8 @@ as a value, where a rule could not follow it); may call only the listed builtins
 setattr, eval, exec, compile, open, __import__, globals, vars, locals, dir, breakpoint); may use
 no name or attribute starting with "_" (dunders, privates); may not subclass torch.Tensor, define
 __torch_function__ or other special methods, or assign attributes of library objects (only the
-backend precision flags). Each refusal names the construct and its line.
+backend precision flags); may call torch.compile only where it is named, with plain settings (no
+`options=`, no callable backend). Each refusal names the construct and its line.
 
 These rules are the second line. The first is the clock (driver.py): the candidate runs in a
 process of its own, timed from a process it cannot reach, and its output is judged elsewhere, so
@@ -32,6 +33,12 @@ from evaluators.kernels.trimul.allowed_names import (
 )
 
 TENSOR_BASES = frozenset({"Tensor", "Parameter"})
+# torch.compile's keywords a kernel may pass, and the literal values of those that take a name.
+COMPILE_KEYWORDS = frozenset({"fullgraph", "dynamic", "backend", "mode", "disable"})
+COMPILE_CHOICES = {
+    "backend": frozenset({"inductor", "eager", "aot_eager"}),
+    "mode": frozenset({"default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"}),
+}
 # One parse at a time: CPython 3.11's ast module keeps its recursion depth in shared state, and two
 # threads parsing at once corrupt it for every later parse ("AST constructor recursion depth mismatch").
 _PARSE_LOCK = threading.Lock()
@@ -184,7 +191,23 @@ class _Rules(ast.NodeVisitor):
         if path in MODULE_NAMES:  # the outermost link of a chain is a value: a namespace may not be one
             self.fail(node, f"uses the module `{path}` as a value; name what it holds instead (e.g. `{path}.<name>`)")
 
+    def _check_compile(self, node: ast.Call) -> None:
+        """torch.compile with plain settings only: `options` can name a C++ compiler command, a debug
+        directory anywhere or Inductor internals, and a callable `backend` is handed the traced graph."""
+        if len(node.args) > 1 or any(isinstance(a, ast.Starred) for a in node.args):
+            self.fail(node, "calls torch.compile with more than the function positionally; pass settings by keyword")
+        for kw in node.keywords:
+            if kw.arg not in COMPILE_KEYWORDS:
+                what = "**" if kw.arg is None else f"`{kw.arg}=`"
+                self.fail(node, f"calls torch.compile with {what}; only {', '.join(sorted(COMPILE_KEYWORDS))} are allowed")
+            elif kw.arg in COMPILE_CHOICES:
+                choices = COMPILE_CHOICES[kw.arg]
+                if not (isinstance(kw.value, ast.Constant) and kw.value.value in choices):
+                    self.fail(node, f"calls torch.compile with {kw.arg}= other than one of {', '.join(sorted(choices))} (a string literal)")
+
     def visit_Call(self, node: ast.Call) -> None:
+        if self.resolve(node.func) == "torch.compile":
+            self._check_compile(node)
         if isinstance(node.func, ast.Name) and node.func.id == "type" and len(node.args) == 3:
             self.fail(node, "creating classes with type(name, bases, dict) is not allowed")
         if (
@@ -287,7 +310,19 @@ class _Rules(ast.NodeVisitor):
                 self.judge_import(node)
             elif isinstance(node, ast.ImportFrom):
                 self.judge_import_from(node)
+        self._judge_compile_uses(tree)
         self.visit(tree)
+
+    def _judge_compile_uses(self, tree: ast.Module) -> None:
+        """torch.compile only called (judged by _check_compile) or a bare decorator: never a value
+        (`c = torch.compile; c(f, options=...)` would pass settings no rule reads)."""
+        sanctioned = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
+        for n in ast.walk(tree):
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                sanctioned.update(id(d) for d in n.decorator_list)
+        for n in ast.walk(tree):
+            if isinstance(n, (ast.Name, ast.Attribute)) and id(n) not in sanctioned and self.resolve(n) == "torch.compile":
+                self.fail(n, "uses torch.compile as a value; call it (or use it as a decorator) where it is named")
 
 
 def _line(problem: str) -> int:
