@@ -18,7 +18,6 @@ another owner with IPC_SET), and the owner of an entry of a sticky directory may
 """
 
 import base64
-import ctypes
 import json
 import os
 import shutil
@@ -118,9 +117,11 @@ def sysv_objects():
 def remove_sysv():
     """Remove every System V object this uid created or owns (IPC_RMID); once no process is
     attached, shared memory is freed at once."""
-    try:
+    try:  # an image without ctypes (libffi) falls back to ipcrm
+        import ctypes
+
         libc = ctypes.CDLL(None, use_errno=True)
-    except OSError:
+    except (ImportError, OSError):
         libc = None
     me = os.getuid()
     for kind, ident, cuid, uid in sysv_objects():
