@@ -169,3 +169,26 @@ def test_a_container_that_cannot_be_verified_clean_is_replaced(box, monkeypatch)
     assert b.ok, b.reason + b.logs
     assert b.output["host"] != a.output["host"], "a container left unclean was reused"
     assert b.output["found"] == []
+
+
+def test_message_queues_are_removed_too(box) -> None:
+    """The harness's RLIMIT_MSGQUEUE of 0 keeps a candidate from creating a POSIX message queue, so
+    one is made in the warm container by a process of the candidate's uid without that limit: the
+    next candidate does not find it."""
+    from evaluators.sandbox.docker import RUN_UID
+
+    a = box.run(LOOKS, "construct", None, LIMITS)
+    assert a.ok and a.output["found"] == [], a.reason + str(a.output)
+    (container,) = box._idle
+    make = (
+        "import ctypes, os\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "fd = libc.mq_open(b'/discover-left-behind', os.O_CREAT | os.O_RDWR, 0o666, None)\n"
+        "print('made' if fd >= 0 else 'failed %d' % ctypes.get_errno())\n"
+    )
+    exec_id = box._api.exec_create(container.id, ["python3", "-c", make], user=f"{RUN_UID}:{RUN_UID}")["Id"]
+    assert box._api.exec_start(exec_id).decode().strip() == "made"
+    b = box.run(LOOKS, "construct", None, LIMITS)
+    assert b.ok, b.reason + b.logs
+    assert b.output["host"] == a.output["host"], "B ran in another container: the warm one was not reused"
+    assert b.output["found"] == []
