@@ -68,9 +68,12 @@ def sandbox(request):
 
 
 def _native_containers() -> list:
-    from evaluators.sandbox.docker_engine import sandbox_containers
+    """This test process's compiled-program containers (another process on the same engine, a
+    benchmark or a second test session, has its own)."""
+    from evaluators.sandbox.docker_engine import OWNER_LABEL, _owner, sandbox_containers
 
-    return [c for c in sandbox_containers() if c.labels.get("discover.sandbox.kind") == "native"]
+    owner = _owner()
+    return [c for c in sandbox_containers() if c.labels.get("discover.sandbox.kind") == "native" and c.labels.get(OWNER_LABEL) == owner]
 
 
 def _program_pids() -> list[int]:

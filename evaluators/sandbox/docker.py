@@ -15,15 +15,19 @@ candidate cannot signal the keeper.
 One run = one `exec` of a small runner (`python3 -c RUNNER`, which needs nothing in the image but
 python3) that reads the job from its stdin, writes it into a fresh directory on the tmpfs, starts
 harness.py under `RLIMIT_*` and a wall-clock timeout, then kills every process of RUN_UID
-(`kill(-1)`: background children, setsid escapees), wipes /tmp and /dev/shm and prints one JSON
-line: exit status, output.json's bytes and the tails of stdout/stderr (capped). The host reads at
+(`kill(-1)`: background children, setsid escapees), removes what the candidate left (its System V
+shared memory, semaphores and message queues, its POSIX message queues, and the files in /tmp,
+/dev/shm, /var/tmp, /run/lock and /var/lock), checks that none of it is left and prints one JSON
+line: exit status, output.json's bytes, the tails of stdout/stderr (capped) and whether the
+container is clean. The host reads at
 most a few times `max_output_bytes` and, as a backstop, kills the container when the runner has
 not answered `BACKSTOP_S` after the timeout. Nothing is unpickled: the value is JSON text.
 
 Warm pool: up to `concurrency` containers stay started between runs (a run's state lives only
-on the tmpfs, which the runner wipes, and in processes of RUN_UID, which it kills); a container
-is replaced after `max_runs` runs, after any run it could not clean up, and when the limits
-change. Containers are always removed: `auto_remove` once stopped; the keeper (`cat` on stdin)
+in what the runner removes and in processes of RUN_UID, which it kills: the runner does it before
+and after each candidate); a container is replaced after `max_runs` runs, after any run it could
+not verify clean (a process that would not die, an IPC object or a file left), and when the
+limits change. Containers are always removed: `auto_remove` once stopped; the keeper (`cat` on stdin)
 exits when our attach socket closes, i.e. when this process dies, even by SIGKILL; `close()`
 and an atexit hook kill the pool; and each container is labelled with its owner
 (host, pid, process start time), so `reap_orphans()` (run at start-up) removes those whose
@@ -40,6 +44,7 @@ from __future__ import annotations
 import atexit
 import base64
 import json
+import logging
 import math
 import secrets
 import threading
@@ -68,6 +73,7 @@ from evaluators.sandbox.docker_engine import (  # noqa: F401  (re-exported: test
 from evaluators.sandbox.process import HARNESS, _thread_env
 from evaluators.sandbox.run_outputs import compose_logs, failure_reason, parse_output
 
+log = logging.getLogger("discover.sandbox")
 KEEPER_UID, RUN_UID = 10000, 10001
 DATA_MOUNT = "/data"  # where a run's read-only data directory is bind-mounted
 TMPFS_MB = 256  # /tmp, charged to the container's memory limit
@@ -115,6 +121,7 @@ class DockerSandbox:
         self._client.images.get(self.image)  # fail now (ImageNotFound) rather than at the first run
         self._engine_cpus = int(self._api.info().get("NCPU") or 1)  # a CPU quota above it is refused
         self._harness = HARNESS.read_text(encoding="utf-8")
+        self._runner = RUNNER
         self._slots = threading.BoundedSemaphore(self.concurrency)
         self._lock = threading.Lock()
         self._idle: list[_Container] = []
@@ -233,6 +240,8 @@ class DockerSandbox:
                 if report is None:
                     return SandboxResult(ok=False, reason=problem)
                 healthy = bool(report.get("clean"))
+                if report.get("residue"):
+                    log.info("replacing a sandbox container the runner could not clean: %s", ", ".join(map(str, report["residue"])))
                 return self._result(report, limits)
             finally:
                 self._release(container, healthy)
@@ -267,7 +276,7 @@ class DockerSandbox:
         try:
             exec_id = self._api.exec_create(
                 c.id,
-                ["python3", "-I", "-c", RUNNER],
+                ["python3", "-I", "-c", self._runner],
                 stdin=True,
                 stdout=True,
                 stderr=True,

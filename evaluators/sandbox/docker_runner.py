@@ -1,10 +1,20 @@
 """The runner of the docker backend, run as `python3 -I -c <this file's text>` by RUN_UID inside
 the container for each candidate (see docker.py). Standard library only; never imported.
 
-It reads the job from stdin (a length line, then JSON), kills every process of its uid and wipes
-/tmp and /dev/shm, writes the job's files into a fresh directory, runs harness.py under the
-job's environment with a wall-clock timeout, kills everything again, and prints one line: the
-job's token and a JSON report (exit status, the return value's bytes, the tails of the logs).
+It reads the job from stdin (a length line, then JSON), kills every process of its uid and
+removes what a candidate could leave (`sweep`), writes the job's files into a fresh directory, runs
+harness.py under the job's environment with a wall-clock timeout, kills everything again, sweeps
+again, checks that nothing is left (`residue`), and prints one line: the job's token and a JSON
+report (exit status, the return value's bytes, the tails of the logs, whether the container is
+clean). A container whose report is not clean is replaced, never reused.
+
+What a candidate can leave in a warm container, all of it created as this uid (the container has
+no capability, so no uid can make or take over another's objects): files in /tmp, /dev/shm,
+/var/tmp, /run/lock and /var/lock (the last three are on the read-only root unless an image makes
+them writable); System V shared memory, semaphores and message queues (they outlive their
+processes, and shared memory stays charged to the container's memory limit); POSIX message queues
+in /dev/mqueue. Their creator may always remove System V objects (even after giving them to
+another owner with IPC_SET), and the owner of an entry of a sticky directory may always delete it.
 """
 
 import base64
@@ -80,6 +90,93 @@ def wipe(top):
             pass
 
 
+SCRATCH = ("/tmp", "/dev/shm", "/var/tmp", "/run/lock", "/var/lock", "/dev/mqueue")
+SYSV = ("shm", "sem", "msg")
+IPC_RMID = 0
+
+
+def sysv_objects():
+    """(kind, id, creator uid, owner uid) of every System V IPC object of the container's private
+    IPC namespace (/proc/sysvipc)."""
+    found = []
+    for kind in SYSV:
+        try:
+            with open("/proc/sysvipc/" + kind) as f:
+                header = f.readline().split()
+                key = {"shm": "shmid", "sem": "semid", "msg": "msqid"}[kind]
+                at = [header.index(name) for name in (key, "cuid", "uid")]
+                for line in f:
+                    cols = line.split()
+                    if cols:
+                        found.append((kind, int(cols[at[0]]), int(cols[at[1]]), int(cols[at[2]])))
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+def remove_sysv():
+    """Remove every System V object this uid created or owns (IPC_RMID); once no process is
+    attached, shared memory is freed at once."""
+    try:  # an image without ctypes (libffi) falls back to ipcrm
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+    except (ImportError, OSError):
+        libc = None
+    me = os.getuid()
+    for kind, ident, cuid, uid in sysv_objects():
+        if me not in (cuid, uid):
+            continue
+        done = False
+        if libc is not None:
+            if kind == "shm":
+                done = libc.shmctl(ident, IPC_RMID, None) == 0
+            elif kind == "sem":
+                done = libc.semctl(ident, 0, IPC_RMID) == 0
+            else:
+                done = libc.msgctl(ident, IPC_RMID, None) == 0
+        if not done:
+            for tool in ("/usr/bin/ipcrm", "/bin/ipcrm"):
+                if os.path.exists(tool):
+                    flag = {"shm": "-m", "sem": "-s", "msg": "-q"}[kind]
+                    subprocess.run([tool, flag, str(ident)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+                    break
+
+
+def sweep():
+    """After every process of this uid is dead: its System V IPC objects, its POSIX message queues
+    and everything it may have left in the scratch directories go."""
+    remove_sysv()
+    for top in SCRATCH:
+        wipe(top)
+
+
+def residue(keep=()):
+    """What is still there after a sweep, as short descriptions ([] when the container is clean):
+    any System V object, any message queue, any entry of /tmp or /dev/shm but `keep`, and any
+    entry of this uid in the other scratch directories."""
+    left = ["System V %s %d (creator uid %d)" % (kind, ident, cuid) for kind, ident, cuid, _ in sysv_objects()]
+    me = os.getuid()
+    for top in SCRATCH:
+        try:
+            names = os.listdir(top)
+        except OSError:
+            continue
+        for name in names:
+            path = os.path.join(top, name)
+            if path in keep:
+                continue
+            if top in ("/tmp", "/dev/shm", "/dev/mqueue"):
+                left.append(path)
+                continue
+            try:
+                if os.lstat(path).st_uid == me:
+                    left.append(path)
+            except OSError:
+                continue
+    return left
+
+
 def oom_first():
     try:
         with open("/proc/self/oom_score_adj", "w") as f:
@@ -93,8 +190,7 @@ def main():
     job = json.loads(sys.stdin.buffer.read(n))
     cap = job["cap"]
     killall()
-    wipe("/tmp")
-    wipe("/dev/shm")
+    sweep()
     d = "/tmp/run-" + job["token"]
     os.mkdir(d, 0o700)
     for name, text in job["files"].items():
@@ -142,13 +238,14 @@ def main():
         except OSError as e:
             output_error = "output.json is a symbolic link" if e.errno == 40 else "could not read the return value: %s" % e
     clean = killall() and clean
-    wipe("/tmp")
-    wipe("/dev/shm")
+    sweep()
+    left = residue()
     report = {
         "rc": rc,
         "timed_out": timed_out,
         "elapsed": time.monotonic() - start,
-        "clean": clean,
+        "clean": clean and not left,
+        "residue": left[:20],
         "output": output,
         "output_error": output_error,
         "stdout": base64.b64encode(out_b).decode(),

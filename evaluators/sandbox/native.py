@@ -9,6 +9,13 @@ until none is left, the caller's `on_case` asks to stop (the first failing case,
 evaluation's deadline passes. Each case runs alone on one CPU: the process backend pins each slot
 to its own core, the docker backend gives each slot its own one-CPU container.
 
+Host memory does not grow with the number of cases: a case's raw output (up to `output_bytes`) is
+judged as that case ends, in one judging thread, and dropped once `on_case` has seen it; only the
+verdict's fields stay (NativeRun.cases hold no output when there is an `on_case`). A slot whose
+case ended while the judge is busy with another output waits with its own before it runs the next
+case, so at most `parallel` + 1 outputs are alive at once (one in each slot, one being judged),
+whatever the number of cases (benchmarks/results/atcoder_memory.md).
+
 Verdicts of a case (`classify`), from what the runner measured:
 - TLE: CPU time (user + system, wait4's rusage of the program and the children it reaped; and the
   CPU of the case's cgroup, which counts the processes it left unreaped too: the container's
@@ -43,7 +50,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -179,7 +186,8 @@ def run_program(
 
     `open_session(slot)` gives a runner for slot 0, 1, ...; `on_case` sees each case as it
     finishes (in one judging thread, while the slots go on) and returns False to stop handing out
-    cases (a case or two already started still finish).
+    cases (a case or two already started still finish). With an `on_case`, the returned cases
+    hold no stdout (it was judged and dropped as each case ended); without one they keep it.
     """
     deadline = time.monotonic() + limits.deadline_s
     base = {
@@ -237,8 +245,16 @@ def run_program(
                     index, text = pending.get_nowait()
                 except queue.Empty:
                     break
-                raw = session.case(index, text, timeout=limits.wall_s + BACKSTOP_S)
-                judged.append(judging.submit(finish, raw))  # the slot goes on with the next case
+                run = classify(session.case(index, text, timeout=limits.wall_s + BACKSTOP_S), limits)
+                # At most one output waits for or is in the judge: a slot holds its own until the
+                # judge is free, then goes on with the next case (parallel + 1 outputs at most).
+                handoff.acquire()
+                try:
+                    judged.append(judging.submit(finish, [run]))  # a box the judge empties
+                except BaseException:
+                    handoff.release()
+                    raise
+                del run
             session.end(timeout=BACKSTOP_S)
         except SessionError as err:
             with lock:
@@ -248,14 +264,19 @@ def run_program(
             if session is not None:
                 session.close()
 
-    def finish(raw: dict[str, Any]) -> None:
-        run = classify(raw, limits)
-        keep = on_case(run) if on_case is not None else True
-        with lock:
-            done.append(run)
-            if not keep:
-                state["stop"] = True
+    def finish(box: list[CaseRun]) -> None:
+        run = box.pop()  # the executor's work item keeps no reference to the output
+        try:
+            keep = on_case(run) if on_case is not None else True
+            with lock:
+                # the output is dropped once the caller has judged it (kept when nobody saw it)
+                done.append(replace(run, stdout=b"") if on_case is not None else run)
+                if not keep:
+                    state["stop"] = True
+        finally:
+            handoff.release()
 
+    handoff = threading.BoundedSemaphore(1)  # the judge's one output (module docstring)
     judged: list[Future] = []
     threads = [threading.Thread(target=slot, args=(0, first), daemon=True)]
     threads += [threading.Thread(target=slot, args=(k, None), daemon=True) for k in range(1, min(limits.parallel, len(cases)))]
@@ -288,8 +309,8 @@ class ReplyReader:
         while True:
             end = self.buffer.find(b"\n")
             if end >= 0:
-                line = bytes(self.buffer[:end])
-                del self.buffer[: end + 1]
+                line = bytes(memoryview(self.buffer)[:end])
+                self.buffer = self.buffer[end + 1 :]  # a fresh buffer: a case's output is not held on to
                 token, _, payload = line.partition(b" ")
                 if token != self.token:
                     continue  # not a report (the runner writes nothing else, but be safe)
