@@ -37,12 +37,16 @@ import uuid
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from discover.config import ModelConfig, TrainConfig
 from discover.policy.base import Completion, Policy, TrainBatch
 from discover.policy.placement import pick_device
+
+if TYPE_CHECKING:  # torch.distributed and the trainer are imported in the ranks and on first use
+    from discover.policy.trainer import LoRATrainer
 
 
 def rank_devices(model: ModelConfig, world_size: int) -> list[torch.device]:
@@ -196,7 +200,8 @@ def _rank_main(rank: int, job: _Job) -> None:
         root = shard(trainer.model)
         params = trainer.lora_parameters()
         train = job.train
-        opt = torch.optim.Adam(params, lr=train.learning_rate, betas=tuple(train.adam_betas), eps=train.adam_eps, fused=cuda or None)
+        b1, b2 = train.adam_betas
+        opt = torch.optim.Adam(params, lr=train.learning_rate, betas=(b1, b2), eps=train.adam_eps, fused=cuda or None)
         if job.optimizer_state is not None:
             load_full_optimizer_state(opt, params, torch.load(job.optimizer_state, map_location=device, weights_only=True))
             for g in opt.param_groups:
@@ -261,12 +266,12 @@ class ShardedTrainer:
         self.devices = rank_devices(model, world_size)
         self._adapter = Path(adapter_dir) if adapter_dir is not None else None
         self._optimizer: Path | None = None
-        self._local = None
+        self._local: LoRATrainer | None = None
         self._steps = 0
         self._work = Path(tempfile.mkdtemp(prefix="discover-sharded-"))
         self._cleanup = weakref.finalize(self, shutil.rmtree, str(self._work), True)
 
-    def _local_trainer(self):
+    def _local_trainer(self) -> LoRATrainer:
         from discover.policy.trainer import LoRATrainer
 
         if self._local is None:
