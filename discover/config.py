@@ -284,6 +284,14 @@ class MetricsConfig(_Section):
     )
 
 
+class ClusterConfig(_Section):
+    """How training is spread over processes (docs/cluster.md)."""
+
+    trainer_world_size: int = Field(
+        1, ge=1, description="data-parallel training ranks on this machine (FSDP2; one GPU each, or CPU processes); 1: one process"
+    )
+
+
 class RunConfig(_Section):
     """One discovery run: one problem, one model, a fixed number of training steps."""
 
@@ -301,6 +309,7 @@ class RunConfig(_Section):
     sandbox: SandboxConfig = SandboxConfig()
     evaluation: EvaluationConfig = EvaluationConfig()
     metrics: MetricsConfig = MetricsConfig()
+    cluster: ClusterConfig = ClusterConfig()
     problem_options: dict[str, Any] = Field(default_factory=dict, description="problem-specific settings")
 
     @field_validator("problem")

@@ -155,13 +155,22 @@ def kl_shaped_advantages(
     return shaped.detach()
 
 
-def batch_kl_mean(logp_policy: Sequence[torch.Tensor], logp_base: Sequence[torch.Tensor], masks: Sequence[torch.Tensor]) -> float:
-    """Mean of logp_policy - logp_base over every masked token of a batch (the released code's centre)."""
+def batch_kl_sum(
+    logp_policy: Sequence[torch.Tensor], logp_base: Sequence[torch.Tensor], masks: Sequence[torch.Tensor]
+) -> tuple[float, int]:
+    """Sum of logp_policy - logp_base over every masked token of a batch, and the number of those tokens
+    (sharded training adds these over its ranks before dividing: `batch_kl_mean` of the whole batch)."""
     total, count = 0.0, 0
     for lp, lb, m in zip(logp_policy, logp_base, masks, strict=True):
         keep = m.to(torch.bool)
         total += float((lp.detach() - lb.detach())[keep].sum())
         count += int(keep.sum())
+    return total, count
+
+
+def batch_kl_mean(logp_policy: Sequence[torch.Tensor], logp_base: Sequence[torch.Tensor], masks: Sequence[torch.Tensor]) -> float:
+    """Mean of logp_policy - logp_base over every masked token of a batch (the released code's centre)."""
+    total, count = batch_kl_sum(logp_policy, logp_base, masks)
     return total / count if count else 0.0
 
 

