@@ -34,6 +34,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+ANSWER_FORMATS = ("program", "edits")  # sampling.answer_format: a whole program (the paper's) or edits to the parent's
+
 SEARCH, DIVIDER, REPLACE = "<<<<<<< SEARCH", "=======", ">>>>>>> REPLACE"
 EDITS_NOT_APPLIED = "edits not applied"  # how the reason of an answer whose edits failed begins
 
@@ -134,12 +136,12 @@ def apply_edits(parent: str, answer: str) -> str:
     return apply_blocks(parent, parse_blocks(answer))
 
 
-def edits_instruction(code_language: str) -> str:
+def edits_instruction() -> str:
     """What the context adds under `answer_format: edits`: the format, the rules, and that it replaces
     the problem's own request for a whole program."""
     return (
-        "Answer format: do not write a whole program. Answer with edits to the current program above "
-        f"(the {code_language} code of the current state): one or more SEARCH/REPLACE blocks, each\n"
+        "Answer format: do not write a whole program. Answer with edits to the current program shown above: "
+        "one or more SEARCH/REPLACE blocks, each\n"
         f"{SEARCH}\n"
         "lines copied exactly from the current program\n"
         f"{DIVIDER}\n"

@@ -3,9 +3,17 @@ applied to the parent's program, and every way an answer's edits can fail to app
 
 from __future__ import annotations
 
+import contextlib
+from pathlib import Path
+
 import pytest
 
-from discover.edits import EditError, apply_edits, parse_blocks
+from discover import steps
+from discover.config import ConfigError, parse_config
+from discover.edits import EDITS_NOT_APPLIED, EditError, apply_edits, parse_blocks
+from discover.metrics import step_metrics
+from discover.preflight import PreflightError, preflight
+from discover.run import Run, load_archive, read_evaluations, read_rollouts
 
 PARENT = """import numpy as np
 
@@ -129,3 +137,142 @@ def test_a_cpp_parent_is_edited_like_any_program() -> None:
 def test_parse_blocks_keeps_the_blocks_lines_in_order() -> None:
     blocks = parse_blocks(block("a\nb", "c") + "between\n" + block("d", ""))
     assert [(b.search, b.replace) for b in blocks] == [(("a", "b"), ("c",)), (("d",), ("",))]
+
+
+# ---------------------------------------------------------------------------------------------
+# The configuration, the pre-flight and a short run of circle packing with scripted answers.
+
+STARTER = (Path(__file__).resolve().parents[1] / "evaluators" / "math" / "starters" / "circles_grow.py").read_text()
+MALFORMED = [
+    "I would make the circles bigger.",  # no block
+    "```python\ndef construct(parent):\n    return parent\n```",  # a whole program, not an edit
+    block("    for _ in range(99):", "    for _ in range(5):"),  # matches nothing
+    "<<<<<<< SEARCH\n    for _ in range(20):\n=======\n    for _ in range(",  # cut off
+]
+GOOD = block("    for _ in range(20):", "    for _ in range(5):") + block(
+    "    return np.column_stack([xy, r]).tolist()", "    return np.column_stack([xy, 0.99 * r]).tolist()"
+)
+EDITED = STARTER.replace("range(20)", "range(5)").replace("[xy, r]", "[xy, 0.99 * r]")
+
+
+class ScriptedSampler:
+    """A sampler whose k-th completion of every context answers `answers[k % len(answers)]`."""
+
+    contexts: list[str] = []  # every context it was given, for the test to read
+
+    def __init__(self, answers: list[str]) -> None:
+        self.answers = answers
+
+    def sample_stream(self, contexts, k, sampling, seed):
+        from discover.records import Completion
+
+        ScriptedSampler.contexts += contexts
+        for g in range(len(contexts)):
+            for j in range(k):
+                answer = self.answers[j % len(self.answers)]
+                ids = [10 + j, 11, 12, 13]  # the tokens the rollout keeps, whatever its text
+                yield g, j, Completion([1, 2, 3], ids, [-1.0] * len(ids), [1] * len(ids), answer, answer)
+
+    def while_training(self):
+        return contextlib.nullcontext()
+
+
+def _scripted(monkeypatch: pytest.MonkeyPatch, answers: list[str]) -> None:
+    """Every policy the run loads samples `answers`; its trainer is the tiny model's."""
+    import discover.policy
+
+    real = discover.policy.load_policy
+
+    def load(*args, **kwargs):
+        policy = real(*args, **kwargs)
+        policy.sampler = ScriptedSampler(answers)
+        return policy
+
+    monkeypatch.setattr(discover.policy, "load_policy", load)
+    ScriptedSampler.contexts = []
+
+
+def _circles_config(run_dir: Path, model: Path, **overrides) -> dict:
+    config = {
+        "problem": "circles-26",
+        "run_dir": str(run_dir),
+        "steps": 2,
+        "groups": 1,
+        "rollouts_per_group": 4,
+        "model": {"name": str(model), "lora_rank": 4, "device": "cpu"},
+        "sampling": {"context_tokens": 4096, "thinking_budget": 4096, "max_answer_tokens": 64, "answer_format": "edits"},
+        "sandbox": {"backend": "process", "timeout_s": 60, "concurrency": 2},
+        "problem_options": {"starter": "circles_grow.py"},
+    }
+    config.update(overrides)
+    return config
+
+
+def _run(config: dict) -> tuple[Run, list[dict]]:
+    """The run's five tasks of every step, as the step flow calls them, and each step's metrics record."""
+    run = steps.create_run(parse_config(config))
+    steps.initialise(run)
+    records = []
+    for step in range(run.config.steps):
+        for task in (steps.select_parents, steps.generate, steps.evaluate, steps.update_archive, steps.train):
+            task(run, step)
+        records.append(step_metrics(run, step))
+    return run, records
+
+
+def test_edits_are_refused_for_mixed_groups_for_answers_that_are_not_programs_and_for_seeds_without_one(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="sampling.answer_format: Input should be 'program' or 'edits'"):
+        parse_config({"problem": "toy", "sampling": {"answer_format": "diff"}})
+    with pytest.raises(ConfigError, match="cannot be used with MIGRATE's mixed groups"):
+        parse_config({"problem": "circles-26", "sampling": {"answer_format": "edits"}, "mixed": {"greedy": 1}})
+    toy = parse_config({"problem": "toy", "run_dir": str(tmp_path / "toy"), "sampling": {"answer_format": "edits"}})
+    with pytest.raises(PreflightError, match="answers of problem toy are not programs; or use sampling.answer_format: program"):
+        preflight(toy)
+    bare = _circles_config(tmp_path / "bare", Path("tiny"), problem_options={})
+    bare["model"] = {"name": "tiny"}
+    with pytest.raises(PreflightError, match="seed states of problem circles-26 carry no program to edit; .*starter"):
+        preflight(parse_config(bare))
+    assert not (tmp_path / "toy").exists() and not (tmp_path / "bare").exists()
+
+
+@pytest.mark.slow
+def test_a_run_of_malformed_edits_finishes_with_every_answer_invalid_and_its_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, long_context_tiny_model: Path
+) -> None:
+    _scripted(monkeypatch, MALFORMED)
+    run, records = _run(_circles_config(tmp_path / "run", long_context_tiny_model))
+    assert ScriptedSampler.contexts and all(
+        "<<<<<<< SEARCH" in c and "for _ in range(20):" in c and "Answer format: do not write a whole program" in c
+        for c in ScriptedSampler.contexts
+    )
+    for step, record in enumerate(records):
+        evaluations = read_evaluations(run.layout.evaluations(step))
+        assert [e.reward for e in evaluations] == [0.0] * 4 and not any(e.valid for e in evaluations)
+        reasons = [e.reason for e in evaluations]
+        assert (
+            reasons[0]
+            == reasons[1]
+            == f"{EDITS_NOT_APPLIED}: no SEARCH/REPLACE block (an edit is '<<<<<<< SEARCH', lines, '=======', lines, '>>>>>>> REPLACE')"
+        )
+        assert reasons[2] == f"{EDITS_NOT_APPLIED}: block 1 (SEARCH starts 'for _ in range(99):') matches no place of the parent's program"
+        assert reasons[3].startswith(f"{EDITS_NOT_APPLIED}: block 1 is not closed")
+        assert [e.code for e in evaluations] == [""] * 4
+        assert record["answer/edits_applied"] == 0.0 and record["reward/valid_fraction"] == 0.0
+        rollouts = read_rollouts(run.layout.rollouts(step))
+        assert [r.answer for r in rollouts] == MALFORMED and [r.completion_ids[0] for r in rollouts] == [10, 11, 12, 13]
+    assert len(load_archive(run.layout.archive(2))) == 1  # the seed alone
+
+
+@pytest.mark.slow
+def test_a_run_of_edits_that_apply_evaluates_and_archives_the_edited_parent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, long_context_tiny_model: Path
+) -> None:
+    _scripted(monkeypatch, [GOOD, MALFORMED[2]])
+    run, records = _run(_circles_config(tmp_path / "run", long_context_tiny_model, steps=1))
+    evaluations = read_evaluations(run.layout.evaluations(0))
+    assert [e.valid for e in evaluations] == [True, False, True, False]
+    assert evaluations[0].code == evaluations[2].code == EDITED != STARTER
+    assert evaluations[0].reward > 0 and evaluations[1].reason.startswith(EDITS_NOT_APPLIED)
+    assert records[0]["answer/edits_applied"] == 0.5 and records[0]["reward/valid_fraction"] == 0.5
+    children = [s for s in load_archive(run.layout.archive(1)).states.values() if not s.is_seed]
+    assert [s.code for s in children] == [EDITED]  # the edited program, once (the repeat is a duplicate)
