@@ -1,7 +1,8 @@
 """The evaluation of one step (docs/method.md §1.3), one candidate at a time, wherever candidates run.
 
-Each rollout's answer is parsed here, in the flow's process; a candidate (the parsed program or
-construction, with the parent it extends) becomes a `CandidateJob` of plain data that any worker of
+Each rollout's answer is parsed here, in the flow's process (under `sampling.answer_format: edits`,
+its SEARCH/REPLACE blocks are applied to the parent's program instead: `candidate_of`); a
+candidate (the parsed program or construction, with the parent it extends) becomes a `CandidateJob` of plain data that any worker of
 the evaluation engine can run with `run_job`: it rebuilds the problem from the run's configuration
 and scores the candidate in the problem's sandbox on that worker. Nothing here knows the engine:
 the caller gives `submit(job) -> future` (a thread pool by default; flows/ gives Prefect's task
