@@ -276,3 +276,33 @@ def test_a_run_of_edits_that_apply_evaluates_and_archives_the_edited_parent(
     assert records[0]["answer/edits_applied"] == 0.5 and records[0]["reward/valid_fraction"] == 0.5
     children = [s for s in load_archive(run.layout.archive(1)).states.values() if not s.is_seed]
     assert [s.code for s in children] == [EDITED]  # the edited program, once (the repeat is a duplicate)
+
+
+PROGRAM_PROBLEMS = ["ac2", "ahc039", "trimul", "denoising"]  # Python, C++, a Triton kernel, Python on data
+
+
+@pytest.mark.parametrize("name", PROGRAM_PROBLEMS)
+def test_the_seed_program_of_each_program_problem_takes_an_edit_copied_from_its_context(name: str) -> None:
+    import numpy as np
+
+    from discover.preflight import check_answer_format
+    from evaluators.registry import get_problem
+
+    problem = get_problem(name)
+    check_answer_format(parse_config({"problem": name, "sampling": {"answer_format": "edits"}}), problem)  # not refused
+    code = problem.seeds(np.random.default_rng(0), 1)[0].code
+    lines = code.split("\n")
+    line = max((s for s in lines if s.strip() and lines.count(s) == 1), key=len)  # the longest line that occurs once
+    assert line in problem.render_state(code, None)  # the model sees it in its context
+    edited = apply_edits(code, "Duplicated:\n" + block(line, f"{line}\n{line}"))
+    i = lines.index(line)
+    assert edited.split("\n") == lines[: i + 1] + [line] + lines[i + 1 :]
+
+
+@pytest.mark.parametrize("name", ["ahc058", "erdos"])
+def test_problems_whose_seeds_carry_no_program_are_refused_naming_the_fix(name: str) -> None:
+    from discover.preflight import check_answer_format
+    from evaluators.registry import get_problem
+
+    with pytest.raises(PreflightError, match=f"seed states of problem {name} carry no program to edit; give them one"):
+        check_answer_format(parse_config({"problem": name, "sampling": {"answer_format": "edits"}}), get_problem(name))
