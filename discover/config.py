@@ -17,6 +17,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from discover.archive import CHILDREN_SCOPES, INVALID_CHILDREN
 from discover.backends import BACKENDS as POLICY_BACKENDS
 from discover.backends import DEFAULT_BACKEND as DEFAULT_POLICY_BACKEND
+from discover.edits import ANSWER_FORMATS
 from discover.objectives import OBJECTIVES
 from discover.reuse import REUSE_RULES
 from evaluators.sandbox import BACKENDS as SANDBOX_BACKENDS
@@ -52,6 +53,7 @@ SandboxBackend = Annotated[str, one_of(SANDBOX_BACKENDS), _enum(SANDBOX_BACKENDS
 EvaluationRunner = Annotated[str, one_of(EVALUATION_RUNNERS), _enum(EVALUATION_RUNNERS)]
 ChildrenScope = Annotated[str, one_of(CHILDREN_SCOPES), _enum(CHILDREN_SCOPES)]
 InvalidChildren = Annotated[str, one_of(INVALID_CHILDREN), _enum(INVALID_CHILDREN)]
+AnswerFormat = Annotated[str, one_of(ANSWER_FORMATS), _enum(ANSWER_FORMATS)]
 PolicyBackend = Annotated[str, one_of(tuple(POLICY_BACKENDS)), _enum(tuple(POLICY_BACKENDS))]
 
 EMBEDDED_MODEL = "tiny"  # the tiny model the project builds offline (discover/policy/tiny_model.py)
@@ -213,6 +215,11 @@ class SamplingConfig(_Section):
         description="text the model's answer starts with, added after the prompt (e.g. a code fence for a small "
         "model that would describe the program instead of writing it); only with think_end null",
     )
+    answer_format: AnswerFormat = Field(
+        "program",
+        description="'program': the answer is a whole program (the paper's); 'edits': SEARCH/REPLACE blocks "
+        'applied to the parent\'s program (docs/method.md, "Answers as edits")',
+    )
 
     @model_validator(mode="after")
     def _prefix_without_thinking(self) -> SamplingConfig:
@@ -339,6 +346,18 @@ class RunConfig(_Section):
             raise ValueError(
                 f"mixed.greedy ({m.greedy}) + mixed.neighbourhood ({m.neighbourhood}) must leave at least one "
                 f"on-policy slot of rollouts_per_group ({self.rollouts_per_group})"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _edits_without_mixed_groups(self) -> RunConfig:
+        m = self.mixed
+        if self.sampling.answer_format == "edits" and (m.greedy or m.neighbourhood):
+            raise ValueError(
+                "sampling.answer_format 'edits' cannot be used with MIGRATE's mixed groups (mixed.greedy, "
+                "mixed.neighbourhood): they re-attach past answers to other parents, and an edit only applies to "
+                "the program it was written against; set mixed.greedy and mixed.neighbourhood to 0, or use "
+                "sampling.answer_format: program"
             )
         return self
 

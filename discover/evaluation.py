@@ -1,7 +1,8 @@
 """The evaluation of one step (docs/method.md §1.3), one candidate at a time, wherever candidates run.
 
-Each rollout's answer is parsed here, in the flow's process; a candidate (the parsed program or
-construction, with the parent it extends) becomes a `CandidateJob` of plain data that any worker of
+Each rollout's answer is parsed here, in the flow's process (under `sampling.answer_format: edits`,
+its SEARCH/REPLACE blocks are applied to the parent's program instead: `candidate_of`); a
+candidate (the parsed program or construction, with the parent it extends) becomes a `CandidateJob` of plain data that any worker of
 the evaluation engine can run with `run_job`: it rebuilds the problem from the run's configuration
 and scores the candidate in the problem's sandbox on that worker. Nothing here knows the engine:
 the caller gives `submit(job) -> future` (a thread pool by default; flows/ gives Prefect's task
@@ -32,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from discover.code_version import module_closure, source_digest
+from discover.edits import EDITS_NOT_APPLIED, EditError, apply_edits
 from discover.records import Evaluation, Rollout, child_id
 from discover.run import Run, load_archive, make_problem
 from evaluators.base import EvalResult, ParentView, Problem
@@ -108,6 +110,22 @@ def _problem(config_json: str) -> Problem:
     from discover.config import RunConfig
 
     return make_problem(RunConfig.model_validate_json(config_json))
+
+
+def candidate_of(problem: Problem, answer: str, parent_code: str, answer_format: str) -> tuple[str | None, str]:
+    """The candidate of a model's answer, and why there is none (docs/method.md §4 and "Answers as edits").
+
+    `answer_format` "program": the problem's own parse (the last fenced code block); "edits": the
+    parent's program with the answer's SEARCH/REPLACE blocks applied (discover/edits.py), a whole
+    program evaluated like any other. Returns (candidate, "") or (None, reason).
+    """
+    if answer_format == "edits":
+        try:
+            return apply_edits(parent_code, answer), ""
+        except EditError as err:
+            return None, f"{EDITS_NOT_APPLIED}: {err}"
+    candidate = problem.parse(answer)
+    return (candidate, "") if candidate is not None else (None, NO_CANDIDATE)
 
 
 def judge_candidate(problem: Problem, candidate: str, parent: ParentView | None, sandbox: Any, who: str) -> EvalResult:
@@ -191,12 +209,13 @@ class StepEvaluation:
         self._jobs: dict[str, CandidateJob] = {}
         self.submitted = 0  # candidates this session sent out (the others were stored or repeats)
 
-    def job(self, rollout: Rollout) -> CandidateJob | None:
-        """The rollout's candidate as a job, or None when its answer holds none."""
-        candidate = self.problem.parse(rollout.answer)
-        if candidate is None:
-            return None
+    def job(self, rollout: Rollout) -> CandidateJob | str:
+        """The rollout's candidate as a job, or why its answer holds none (docs/method.md §4: a
+        program parsed from the answer; under answer_format edits, the parent's program edited)."""
         parent = self._archive[rollout.parent_id]
+        candidate, why = candidate_of(self.problem, rollout.answer, parent.code, self.run.config.sampling.answer_format)
+        if candidate is None:
+            return why
         view = ParentView(parent.code, parent.construction)
         key = candidate_key(self.run.run_id, self.step, candidate, view, self._evaluator)
         child = child_id(self.step, rollout.group, rollout.index)
@@ -206,7 +225,7 @@ class StepEvaluation:
         """Start evaluating the rollout's candidate unless it is stored, running or has none."""
         self._drain()
         job = self.job(rollout)
-        if job is None or job.key in self._results or job.key in self._pending:
+        if isinstance(job, str) or job.key in self._results or job.key in self._pending:
             return
         stored = self.store.get(job.key)
         if stored is not None:
@@ -267,6 +286,6 @@ class StepEvaluation:
 
     def _evaluation(self, rollout: Rollout) -> Evaluation:
         job = self.job(rollout)
-        if job is None:
-            return Evaluation.of(rollout, self.step, EvalResult.invalid(NO_CANDIDATE), "")
+        if isinstance(job, str):
+            return Evaluation.of(rollout, self.step, EvalResult.invalid(job), "")
         return Evaluation.of(rollout, self.step, self._results[job.key], job.candidate)

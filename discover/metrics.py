@@ -9,6 +9,9 @@ Keys (None where the file that gives it is not written yet):
 
     reward/best            best reward of the archive after the step (seeds included)
     reward/mean, reward/max, reward/valid_fraction   over the step's rollouts (invalid ones score 0)
+    answer/edits_applied   only under `sampling.answer_format: edits`: the fraction of the step's
+                           rollouts whose SEARCH/REPLACE blocks applied to their parent's program
+                           (docs/method.md, "Answers as edits")
     archive/size           states in the archive after the step
     tokens/completion      completion tokens the step generated
     train/<name>           every number of the step's train.json (loss, beta_mean, beta_min,
@@ -34,6 +37,7 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
+from discover.edits import EDITS_NOT_APPLIED
 from discover.run import TASKS, Run, read_evaluations
 from storage.atomic import atomic_write_json, atomic_write_text
 from storage.manifest import read_manifest
@@ -83,13 +87,19 @@ def step_metrics(run: Run, step: int) -> Record:
         "archive/size": None,
         "tokens/completion": None,
     }
+    edits = run.config.sampling.answer_format == "edits"
+    if edits:
+        record["answer/edits_applied"] = None
     if layout.evaluations(step).is_file():
-        ev = pq.read_table(layout.evaluations(step), columns=["reward", "valid"])
+        ev = pq.read_table(layout.evaluations(step), columns=["reward", "valid"] + (["reason"] if edits else []))
         rewards = ev.column("reward").to_numpy()
         if len(rewards):
             record["reward/mean"] = float(np.mean(rewards))
             record["reward/max"] = float(np.max(rewards))
             record["reward/valid_fraction"] = float(np.mean(ev.column("valid").to_numpy(zero_copy_only=False)))
+            if edits:  # the reason of an answer whose edits failed begins with EDITS_NOT_APPLIED (discover/evaluation.py)
+                failed = [r.startswith(EDITS_NOT_APPLIED) for r in ev.column("reason").to_pylist()]
+                record["answer/edits_applied"] = 1.0 - float(np.mean(failed))
     if layout.archive(step + 1).is_file():
         archived = pq.read_table(layout.archive(step + 1), columns=["reward"]).column("reward").to_numpy()
         record["archive/size"] = float(len(archived))

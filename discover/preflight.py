@@ -3,7 +3,7 @@
 `discover run` calls `preflight` before the run directory exists, so a configuration that cannot
 work (a model that is neither a local directory nor a valid hub id, bad problem options, a Docker
 sandbox without its image, whatever the problem's own `preflight` names: a seeds file that is
-missing, no compiler; and a prompt that does not fit the model's context or the thinking budget)
+missing, no compiler; an answer format the problem cannot take; and a prompt that does not fit the model's context or the thinking budget)
 fails with one line and leaves nothing behind to confuse the corrected run. The checks here know
 no problem by name (docs/architecture.md, "Problem hooks").
 """
@@ -85,6 +85,26 @@ def check_process_tree_bound(problem, backend: str) -> None:
     raise PreflightError(unbounded_message(why))
 
 
+def check_answer_format(config: RunConfig, problem) -> None:
+    """`sampling.answer_format: edits` edits the parent's program, so the problem's answers must be
+    programs (not data, like the toy problem's digits) and every seed state must carry a program."""
+    if config.sampling.answer_format != "edits":
+        return
+    fix = "or use sampling.answer_format: program"
+    if not problem.needs_sandbox:
+        raise PreflightError(
+            f"sampling.answer_format 'edits' edits the parent's program, but the answers of problem {problem.name} are not programs; {fix}"
+        )
+    from discover.run import draw_seeds
+
+    if any(not seed.code.strip() for seed in draw_seeds(problem, config)):
+        raise PreflightError(
+            f"sampling.answer_format 'edits' edits the parent's program, but the seed states of problem {problem.name} "
+            "carry no program to edit; give them one (problem_options: starter for the mathematics problems, "
+            f"initial_program for AtCoder) {fix}"
+        )
+
+
 def seed_contexts(config: RunConfig) -> list[str]:
     """The contexts of the run's seed states as select_parents builds them (discover/steps.py),
     distinct ones only. A seed whose program must run to be scored (a kernel, a contest program)
@@ -101,7 +121,16 @@ def seed_contexts(config: RunConfig) -> list[str]:
             verdict = problem.verify(seed.construction)
             reward, observation = verdict.reward, verdict.observation
         state = problem.render_state(seed.code, construction)
-        contexts[build_context(problem.description, state, reward, observation, previous_reward=None, target=problem.target)] = None
+        context = build_context(
+            problem.description,
+            state,
+            reward,
+            observation,
+            previous_reward=None,
+            target=problem.target,
+            answer_format=config.sampling.answer_format,
+        )
+        contexts[context] = None
     return list(contexts)
 
 
@@ -201,4 +230,5 @@ def preflight(config: RunConfig) -> None:
     problems = problem.preflight(config.sandbox.backend)
     if problems:
         raise PreflightError(problems[0])
+    check_answer_format(config, problem)
     check_prompt_length(config)

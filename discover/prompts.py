@@ -1,7 +1,10 @@
 """Context building for a group (docs/method.md §4 and §5a): the problem, the parent state, its score change,
-the target, and the tail of the parent's output, as the released prompts show them."""
+the target, and the tail of the parent's output, as the released prompts show them; under
+`sampling.answer_format: edits`, the SEARCH/REPLACE format the answer must take (discover/edits.py)."""
 
 from __future__ import annotations
+
+from discover.edits import edits_instruction
 
 OBSERVATION_CHARS = 500  # docs/method.md §5a: the released prompts show the last 500 characters of the parent's output
 
@@ -13,12 +16,15 @@ def build_context(
     observation: str = "",
     previous_reward: float | None = None,
     target: float | None = None,
+    answer_format: str = "program",
 ) -> str:
     """The text the model sees for one group (docs/method.md §4, "The context for a group"; docs/method.md §5a).
 
     `previous_reward` is the grandparent's score (None for a seed), shown as "before -> after";
     `target` the problem's goal in reward units (None: none shown). Scores are printed with a fixed
     number of decimals so that contexts of the same problem differ only where their states differ.
+    `answer_format` "edits" ends the context with the edit format (docs/method.md, "Answers as edits"),
+    which replaces the problem description's request for a whole program.
     """
     parts = [description.strip(), "", rendered_state.strip(), ""]
     if previous_reward is None:
@@ -29,4 +35,6 @@ def build_context(
         parts.append(f"Target score: {target:.6f} (higher is better)")
     if observation.strip():
         parts += ["", "Output of the current state's program (last characters):", observation[-OBSERVATION_CHARS:].rstrip()]
+    if answer_format == "edits":
+        parts += ["", edits_instruction()]
     return "\n".join(parts) + "\n"

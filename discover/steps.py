@@ -120,6 +120,7 @@ def select_parents(run: Run, step: int) -> Ref:
             s.observation,
             previous_reward=s.parent_reward,
             target=problem.target,
+            answer_format=config.sampling.answer_format,
         )
         groups.append({"group": g, "parent_id": parent_id, "parent_reward": s.reward, "context": context})
     out = run.writes("select_parents", step)

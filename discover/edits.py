@@ -1,0 +1,153 @@
+"""Answers as edits (`sampling.answer_format: edits`, docs/method.md "Answers as edits"): the model
+answers with SEARCH/REPLACE blocks against its parent's program instead of a whole program, and
+the host turns them into the whole program that is evaluated. Pure text functions, no I/O; the
+model's text is never run here.
+
+An answer holds one or more blocks, anywhere in its text (text around them is ignored, and so are
+code fences around them):
+
+    <<<<<<< SEARCH
+    exact lines of the parent's program
+    =======
+    the lines that replace them
+    >>>>>>> REPLACE
+
+The rules (`apply_edits`), each failure an `EditError` whose message names the block:
+
+* A marker is a line of its own: `<<<<<<< SEARCH`, `=======`, `>>>>>>> REPLACE` (trailing
+  whitespace allowed). An answer without a block: "no SEARCH/REPLACE block". A block whose
+  `=======` or `>>>>>>> REPLACE` line is missing (e.g. the token limit cut it): not closed.
+* SEARCH matches whole lines. An exact match is looked for first; only when there is none, a
+  match with trailing whitespace stripped from every line (of SEARCH and of the program) is
+  accepted. Leading whitespace (indentation) always has to match.
+* A SEARCH part that is empty (or holds only blank lines) is refused; one that matches no place,
+  or more than one place ("block k matches n places; include more context"), is refused, naming
+  the block by its 1-based index and its first SEARCH line.
+* Every block is matched against the original parent program, not against the result of the
+  blocks before it; two blocks whose matched lines overlap are refused, naming both. Blocks then
+  replace their lines (in any order of their positions: they do not overlap), and the result is
+  the whole program.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+ANSWER_FORMATS = ("program", "edits")  # sampling.answer_format: a whole program (the paper's) or edits to the parent's
+
+SEARCH, DIVIDER, REPLACE = "<<<<<<< SEARCH", "=======", ">>>>>>> REPLACE"
+EDITS_NOT_APPLIED = "edits not applied"  # how the reason of an answer whose edits failed begins
+
+_MARKER = re.compile(r"^(<<<<<<< SEARCH|=======|>>>>>>> REPLACE)[ \t\r]*$")
+
+
+class EditError(ValueError):
+    """An answer whose edits cannot be applied; the message says which block and why."""
+
+
+@dataclass(frozen=True)
+class Block:
+    """One SEARCH/REPLACE block: the lines it looks for and the lines that replace them."""
+
+    search: tuple[str, ...]
+    replace: tuple[str, ...]
+
+    def first_line(self) -> str:
+        """The first non-blank SEARCH line, shortened, for messages."""
+        line = next((s.strip() for s in self.search if s.strip()), "")
+        return line if len(line) <= 60 else line[:57] + "..."
+
+
+def parse_blocks(answer: str) -> list[Block]:
+    """The SEARCH/REPLACE blocks of `answer`, in order; EditError for none or an unclosed one."""
+    blocks: list[Block] = []
+    search: list[str] | None = None
+    replace: list[str] | None = None
+    for line in answer.split("\n"):
+        marker = _MARKER.match(line)
+        kind = marker.group(1) if marker else None
+        if search is None:  # outside a block: only an opening marker matters
+            if kind == SEARCH:
+                search = []
+        elif replace is None:  # in SEARCH
+            if kind == DIVIDER:
+                replace = []
+            elif kind is not None:
+                raise EditError(f"block {len(blocks) + 1} has {kind!r} before its {DIVIDER!r} line")
+            else:
+                search.append(line)
+        elif kind == REPLACE:
+            blocks.append(Block(tuple(search), tuple(replace)))
+            search = replace = None
+        elif kind is not None:
+            raise EditError(f"block {len(blocks) + 1} has {kind!r} before its {REPLACE!r} line")
+        else:
+            replace.append(line)
+    if search is not None:
+        missing = DIVIDER if replace is None else REPLACE
+        raise EditError(f"block {len(blocks) + 1} is not closed (no {missing!r} line; was the answer cut off?)")
+    if not blocks:
+        raise EditError(f"no SEARCH/REPLACE block (an edit is {SEARCH!r}, lines, {DIVIDER!r}, lines, {REPLACE!r})")
+    return blocks
+
+
+def _places(lines: list[str], search: tuple[str, ...]) -> list[int]:
+    """The line indices where `search` matches `lines` as consecutive whole lines."""
+    n = len(search)
+    return [i for i in range(len(lines) - n + 1) if tuple(lines[i : i + n]) == search]
+
+
+def locate(lines: list[str], block: Block, k: int) -> tuple[int, int]:
+    """The [start, end) line range of the parent's `lines` that block `k` (1-based) replaces."""
+    if not any(s.strip() for s in block.search):
+        raise EditError(f"block {k} has an empty SEARCH part; copy the lines to replace from the current program")
+    places = _places(lines, block.search)
+    if not places:  # the whitespace-tolerant fallback: trailing whitespace stripped on both sides
+        places = _places([s.rstrip() for s in lines], tuple(s.rstrip() for s in block.search))
+    if not places:
+        raise EditError(f"block {k} (SEARCH starts {block.first_line()!r}) matches no place of the parent's program")
+    if len(places) > 1:
+        raise EditError(f"block {k} (SEARCH starts {block.first_line()!r}) matches {len(places)} places; include more context")
+    return places[0], places[0] + len(block.search)
+
+
+def apply_blocks(parent: str, blocks: list[Block]) -> str:
+    """`parent` with every block applied, each matched against `parent` itself (see the module's rules)."""
+    lines = parent.split("\n")
+    ranges = [(*locate(lines, b, k), k) for k, b in enumerate(blocks, start=1)]
+    ordered = sorted(ranges)
+    for (_, end, a), (start, _, b) in zip(ordered, ordered[1:]):
+        if start < end:
+            first, second = sorted((a, b))
+            raise EditError(f"blocks {first} and {second} overlap (their SEARCH parts match the same lines); merge them into one block")
+    out: list[str] = []
+    at = 0
+    for start, end, k in ordered:
+        out += lines[at:start]
+        out += blocks[k - 1].replace
+        at = end
+    out += lines[at:]
+    return "\n".join(out)
+
+
+def apply_edits(parent: str, answer: str) -> str:
+    """The whole program that `answer`'s SEARCH/REPLACE blocks make of `parent`; EditError if they cannot."""
+    return apply_blocks(parent, parse_blocks(answer))
+
+
+def edits_instruction() -> str:
+    """What the context adds under `answer_format: edits`: the format, the rules, and that it replaces
+    the problem's own request for a whole program."""
+    return (
+        "Answer format: do not write a whole program. Answer with edits to the current program shown above: "
+        "one or more SEARCH/REPLACE blocks, each\n"
+        f"{SEARCH}\n"
+        "lines copied exactly from the current program\n"
+        f"{DIVIDER}\n"
+        "the lines that replace them\n"
+        f"{REPLACE}\n"
+        "Each SEARCH part must be whole lines of the current program, indentation included, and match exactly one "
+        "place (add lines around it when it could match several); blocks must not overlap. Text outside the blocks "
+        "is ignored. The edited program is your answer and is run and scored as described above."
+    )
