@@ -316,20 +316,13 @@ class ShardedTrainer:
 
     def save(self, adapter_dir: Path, optimizer_path: Path | None = None) -> None:
         """Write the adapter (and Adam's state) atomically, in `LoRATrainer.save`'s format."""
-        from discover.policy.trainer import _atomic_replace_dir
+        from discover.policy.trainer import write_dir_atomically
 
         if self._adapter is None or self._optimizer is None:  # nothing trained here yet: as a LoRATrainer saves
             self._local_trainer().save(adapter_dir, optimizer_path)
             return
-        adapter_dir = Path(adapter_dir)
-        adapter_dir.parent.mkdir(parents=True, exist_ok=True)
-        tmp = adapter_dir.parent / f".{adapter_dir.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        try:
-            shutil.copytree(self._adapter, tmp)
-            _atomic_replace_dir(tmp, adapter_dir)
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
+        adapter = self._adapter
+        write_dir_atomically(Path(adapter_dir), lambda tmp: shutil.copytree(adapter, tmp))
         if optimizer_path is not None:
             optimizer_path = Path(optimizer_path)
             optimizer_path.parent.mkdir(parents=True, exist_ok=True)

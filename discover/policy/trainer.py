@@ -423,15 +423,7 @@ class LoRATrainer:
     def save(self, adapter_dir: Path, optimizer_path: Path | None = None) -> None:
         """Write the adapter (and the optimizer state) atomically: temp name first, then rename."""
         offload.unpark_all()
-        adapter_dir = Path(adapter_dir)
-        adapter_dir.parent.mkdir(parents=True, exist_ok=True)
-        tmp = adapter_dir.parent / f".{adapter_dir.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        try:
-            self.model.save_pretrained(str(tmp), safe_serialization=True)
-            _atomic_replace_dir(tmp, adapter_dir)
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
+        write_dir_atomically(Path(adapter_dir), lambda tmp: self.model.save_pretrained(str(tmp), safe_serialization=True))
         if optimizer_path is not None:
             optimizer_path = Path(optimizer_path)
             optimizer_path.parent.mkdir(parents=True, exist_ok=True)
@@ -452,6 +444,19 @@ def adapter_is_identity(adapter_dir: Path) -> bool:
 
     with safe_open(str(Path(adapter_dir) / "adapter_model.safetensors"), framework="pt") as f:
         return all(not f.get_tensor(k).any() for k in f.keys() if ".lora_B." in k)
+
+
+def write_dir_atomically(target: Path, fill) -> None:
+    """`fill(tmp)` writes a directory beside `target`, which then replaces `target` by renames:
+    a reader sees the old directory or the new one, never a half-written one."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.parent / f".{target.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        fill(tmp)
+        _atomic_replace_dir(tmp, target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _atomic_replace_dir(tmp: Path, target: Path) -> None:
