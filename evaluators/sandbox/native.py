@@ -345,9 +345,13 @@ class LocalSession:
         self.limits = limits
         self.layout = layout  # evaluators/sandbox/cgroups.py's Layout: each case gets a cgroup; None: none
         self.token = secrets.token_hex(16)
-        self.parent = tempfile.mkdtemp(prefix="discover-native-")
-        os.chmod(self.parent, 0o711)
+        self.parent = tempfile.mkdtemp(prefix="discover-native-")  # 0700, ours
         self.uid = acquire_run_uid()
+        if self.uid is not None:
+            # only the program's gid may pass (its name under /tmp can be listed): another
+            # evaluation's program, another uid and gid, cannot reach this one's binary or files
+            os.chown(self.parent, -1, self.uid)
+            os.chmod(self.parent, 0o710)
         self.cpu = _take_core()
         self.common = {
             "token": self.token,
@@ -422,7 +426,10 @@ class LocalSession:
         from evaluators.sandbox.cgroups import RunCgroup
 
         try:
-            group = RunCgroup(self.layout, memory_mb, tasks)
+            # one CPU of quota (cpu.max / cpu.cfs_quota_us): core pinning alone can be undone by the
+            # program (sched_setaffinity), the quota cannot, so a spinning tree never takes the CPU
+            # of a case of another evaluation running at the same time
+            group = RunCgroup(self.layout, memory_mb, tasks, cpus=1)
         except OSError as err:
             raise SessionError(f"could not make a cgroup for the program: {err}") from None
         try:

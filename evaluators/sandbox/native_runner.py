@@ -301,7 +301,8 @@ def owned_dir(path, child, mode=0o700):
 
 
 def compile_source(setup, child, work):
-    """Compile once as the unprivileged uid; the binary goes to work/bin/main (0755, ours)."""
+    """Compile once as the unprivileged uid; the binary goes to work/bin/main (ours, 0750, group: the
+    program's gid)."""
     build = os.path.join(work, "build")
     owned_dir(build, child)
     src = os.path.join(build, "main.cpp")
@@ -342,18 +343,29 @@ def compile_source(setup, child, work):
     if ok:
         with open(out, "rb") as f:
             binary = f.read()
-        install_binary(binary, work)
+        install_binary(binary, work, child)
         result["binary"] = base64.b64encode(binary).decode() if setup.get("return_binary") else None
     shutil.rmtree(build, ignore_errors=True)
     result["ok"] = ok
     return result
 
 
-def install_binary(binary, work):
+def install_binary(binary, work, child):
     path = os.path.join(work, "bin", "main")
     with open(path, "wb") as f:
         f.write(binary)
-    os.chmod(path, 0o755)
+    program_may_enter(path, child, 0o750)
+
+
+def program_may_enter(path, child, mode):
+    """`path` stays ours, and only the program's own gid gets the group bits of `mode` (no world
+    bits): a program of another evaluation (another uid and gid) cannot enter, read or run it, even
+    knowing its name (names under /tmp can be listed). Not root: the program is us; owner bits only."""
+    if child.uid is None:
+        os.chmod(path, mode & 0o700)
+        return
+    os.chown(path, -1, child.gid)
+    os.chmod(path, mode & 0o770)
 
 
 def run_case(case, setup, child, work):
@@ -429,13 +441,14 @@ def main():
         os.chmod(path, 0o755)
     work = setup["workdir"]
     os.makedirs(work, exist_ok=True)
-    os.chmod(work, 0o711)  # the program may enter bin/ (its cwd), nothing else
-    os.mkdir(os.path.join(work, "bin"), 0o711)
+    program_may_enter(work, child, 0o710)  # the program (its gid alone) may enter bin/, nothing else
+    os.mkdir(os.path.join(work, "bin"), 0o700)
+    program_may_enter(os.path.join(work, "bin"), child, 0o710)
     os.mkdir(os.path.join(work, "io"), 0o700)
     if "source" in setup:
         ready = compile_source(setup, child, work)
     else:
-        install_binary(base64.b64decode(setup["binary"]), work)
+        install_binary(base64.b64decode(setup["binary"]), work, child)
         ready = {"ok": True}
     reply(token, {"kind": "ready", **ready})
     clean = True
