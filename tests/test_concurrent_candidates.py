@@ -232,3 +232,164 @@ def main(mounts):
     result = box.run(program, "main", mounts, SandboxLimits(timeout_s=30, memory_mb=512, cpus=1))
     assert result.ok, (result.reason, result.logs)
     assert _quotas(result.output) and set(_quotas(result.output)) == {1.0}, f"the candidate's cgroup has no CPU quota: {result.output!r}"
+
+
+# -- kernel keys: a uid's user keyring outlives its processes, and uids are reused ------------------
+
+# (add_key, keyctl) system call numbers, where these tests know them
+SYSCALLS = {"x86_64": (248, 250), "aarch64": (217, 219)}
+
+KEYS = """
+import ctypes, os
+
+def main(arg):
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    L = ctypes.c_long
+    def keyctl(*args):
+        return libc.syscall(L(arg["keyctl"]), *[a if a is None or isinstance(a, bytes) or hasattr(a, "_type_") else L(a) for a in args])
+    def read(key):
+        buf = ctypes.create_string_buffer(4096)
+        n = keyctl(11, key, buf, 4096)  # KEYCTL_READ
+        return buf.raw[:n].decode(errors="replace") if n >= 0 else None
+    out = {"uid": os.getuid()}
+    if arg["do"] == "plant":  # a key in the user keyring and one in the user-session keyring
+        for spec, name in ((-4, b"k-user"), (-5, b"k-usersession")):
+            key = libc.syscall(L(arg["add_key"]), b"user", name, arg["secret"].encode(), L(len(arg["secret"])), L(spec))
+            out[name.decode()] = key >= 0
+        if arg.get("lock"):  # nobody, possessor included, may touch the user keyring any more
+            out["locked"] = keyctl(5, -4, 0) == 0
+    elif arg["do"] == "find":  # what an earlier run of this uid left
+        for spec, name in ((-4, b"k-user"), (-5, b"k-usersession")):
+            key = keyctl(10, spec, b"user", name, 0)  # KEYCTL_SEARCH
+            out[name.decode()] = read(key) if key >= 0 else None
+    elif arg["do"] == "session":  # which session keyring this run has
+        out["id"] = keyctl(0, -3, 0)  # KEYCTL_GET_KEYRING_ID
+        buf = ctypes.create_string_buffer(512)
+        n = keyctl(6, -3, buf, 512)  # KEYCTL_DESCRIBE: type;uid;gid;perm;name
+        out["describe"] = buf.raw[: max(n - 1, 0)].decode(errors="replace")
+    return out
+"""
+
+
+def _keys_or_skip() -> dict:
+    import platform
+
+    if not os.path.exists("/proc/key-users"):
+        pytest.skip("this kernel has no keyrings (/proc/key-users is missing)")
+    machine = platform.machine()
+    if machine not in SYSCALLS:
+        pytest.skip(f"these tests know the keyring system calls' numbers only on {', '.join(SYSCALLS)}, not {machine}")
+    add_key, keyctl = SYSCALLS[machine]
+    return {"keyctl": keyctl, "add_key": add_key}
+
+
+def _owns_keys(uid: int) -> bool:
+    return any(line.split(":", 1)[0].strip() == str(uid) for line in Path("/proc/key-users").read_text().splitlines())
+
+
+def _python(box: ProcessSandbox, program: str, argument: dict) -> dict:
+    from evaluators.sandbox.base import SandboxLimits
+
+    result = box.run(program, "main", argument, SandboxLimits(timeout_s=60, memory_mb=512, cpus=1))
+    assert result.ok, (result.reason, result.logs)
+    return result.output
+
+
+def test_a_later_candidate_with_the_same_uid_finds_none_of_an_earlier_ones_keys(monkeypatch) -> None:
+    import secrets
+
+    from evaluators.sandbox import process, reaping
+
+    box = _root_with_cgroups()
+    numbers = _keys_or_skip()
+    uid = reaping.acquire_run_uid()
+    reaping.release_run_uid(uid)
+    monkeypatch.setattr(process, "acquire_run_uid", lambda: uid)  # the pool hands the same uid out again
+    secret = secrets.token_hex(8)
+    planted = _python(box, KEYS, {**numbers, "do": "plant", "secret": secret})
+    assert planted == {"uid": uid, "k-user": True, "k-usersession": True}, planted
+    found = _python(box, KEYS, {**numbers, "do": "find"})
+    assert found["uid"] == uid
+    assert found["k-user"] is None and found["k-usersession"] is None, f"the earlier candidate's keys were still there: {found}"
+
+
+def test_a_uid_whose_keyring_a_candidate_locked_is_never_handed_out_again(monkeypatch) -> None:
+    import secrets
+
+    from evaluators.sandbox import process, reaping
+
+    box = _root_with_cgroups()
+    numbers = _keys_or_skip()
+    uid = reaping.acquire_run_uid()
+    reaping.release_run_uid(uid)
+    monkeypatch.setattr(process, "acquire_run_uid", lambda: uid)
+    planted = _python(box, KEYS, {**numbers, "do": "plant", "secret": secrets.token_hex(8), "lock": True})
+    assert planted.get("locked") is True, planted
+    assert _owns_keys(uid)  # cleared or not, the uid still owns keyrings
+    picks = iter([uid - reaping.RUN_UID_BASE, uid - reaping.RUN_UID_BASE, 7])
+    monkeypatch.setattr(reaping.secrets, "randbelow", lambda _n: next(picks))
+    again = reaping.acquire_run_uid()
+    reaping.release_run_uid(again)
+    assert again == reaping.RUN_UID_BASE + 7, "the uid with a locked keyring was handed out again"
+
+
+def test_each_candidate_has_a_session_keyring_of_its_own() -> None:
+    import ctypes
+
+    box = _root_with_cgroups()
+    numbers = _keys_or_skip()
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    ours = libc.syscall(ctypes.c_long(numbers["keyctl"]), ctypes.c_long(0), ctypes.c_long(-3), ctypes.c_long(0))
+    seen = [_python(box, KEYS, {**numbers, "do": "session"}) for _ in range(2)]
+    for run in seen:
+        kind, owner, *_, name = run["describe"].split(";")
+        assert (kind, int(owner), name) == ("keyring", run["uid"], "_ses"), f"not a session keyring of the run's own: {run}"
+        assert run["id"] != ours
+    assert seen[0]["id"] != seen[1]["id"]
+
+
+def test_each_case_of_a_compiled_program_has_a_session_keyring_of_its_own() -> None:
+    box = _root_with_cgroups()
+    _keys_or_skip()
+    source = """#include <cstdio>
+#include <unistd.h>
+#include <sys/syscall.h>
+int main() {
+    char buf[512] = {0};
+    long n = syscall(SYS_keyctl, 6L, -3L, buf, (long)sizeof buf - 1);  // KEYCTL_DESCRIBE @s
+    printf("%u %s\\n", getuid(), n >= 0 ? buf : "none");
+}
+"""
+    run = box.run_native(source, [(0, "")], NativeLimits(cpu_s=5.0, memory_mb=256, parallel=1))
+    uid, describe = _stdout(run).split()
+    kind, owner, *_, name = describe.split(";")
+    assert (kind, owner, name) == ("keyring", uid, "_ses"), f"not a session keyring of the program's own: {describe}"
+
+
+def test_where_the_cpu_controller_is_not_enabled_the_sandbox_says_runs_get_no_cpu_quota(tmp_path) -> None:
+    from evaluators.sandbox.cgroups import Layout, cpu_quota_missing
+
+    (tmp_path / "cgroup.subtree_control").write_text("memory pids\n")
+    why = cpu_quota_missing(Layout(2, {"unified": str(tmp_path)}))
+    assert "cpu controller is not enabled" in why and "DISCOVER_CGROUP_PARENT" in why, why
+    (tmp_path / "cgroup.subtree_control").write_text("cpu memory pids\n")
+    assert cpu_quota_missing(Layout(2, {"unified": str(tmp_path)})) == ""
+    assert "no cgroup v1 cpu hierarchy" in cpu_quota_missing(Layout(1, {"memory": "/m", "pids": "/p"}))
+    assert cpu_quota_missing(Layout(1, {"memory": "/m", "pids": "/p", "cpu": "/c"})) == ""
+
+
+def test_a_run_that_never_used_keys_leaves_its_uid_owning_none() -> None:
+    """Clearing keyrings must not create them (looking a uid's keyrings up does): a plain run's
+    uid owns only its session keyring, which the kernel frees after its last process."""
+    import time
+
+    box = _root_with_cgroups()
+    _keys_or_skip()
+    uid = _python(box, "import os\ndef main(_):\n    return os.getuid()\n", {})
+    for _ in range(2000):  # the kernel's key collector runs shortly after; a bound, not a measure
+        if not _owns_keys(uid):
+            break
+        time.sleep(0.01)
+    assert not _owns_keys(uid), f"uid {uid} still owns keys after a run that used none"

@@ -13,7 +13,8 @@ Two layouts are understood:
 - cgroup v2 (one hierarchy): the parent is `DISCOVER_CGROUP_PARENT` when set (a delegated
   cgroup: systemd's `Delegate=yes`, a user's `user@UID.service`), else our own cgroup; its
   children must get the memory and pids controllers (enabled in its `cgroup.subtree_control`,
-  or enabled by us when the kernel allows it).
+  or enabled by us when the kernel allows it), and get the cpu controller where it can be enabled
+  (`cpu_quota_missing` says when it cannot: the backend then warns that runs have no CPU quota).
 - cgroup v1 (a hierarchy per controller, as on hosts in "hybrid" mode): a child under our own
   cgroup in the memory and pids hierarchies (required) and in cpu / cpuacct (optional), plus
   the v2 "unified" hierarchy when it is mounted (for `cgroup.kill` and `cpu.stat`).
@@ -178,6 +179,28 @@ def _enable_v2(parent: str, controllers: list[str]) -> str:
                     f"point {PARENT_ENV} at a delegated cgroup"
                 )
     return ""
+
+
+def cpu_quota_missing(layout: Layout) -> str:
+    """ "" when run groups of `layout` get a CPU quota, else why not (and what would fix it). Without
+    one, a candidate spinning on every core slows the runs beside it; pinning to a core (the native
+    runner's) is all that is left, and the program can undo that."""
+    if layout.version == 1:
+        if "cpu" in layout.parents:
+            return ""
+        return "no cgroup v1 cpu hierarchy is mounted where we may make groups, so runs get no CPU quota"
+    parent = layout.parents["unified"]
+    try:
+        enabled = _read(os.path.join(parent, "cgroup.subtree_control")).split()
+    except OSError as err:
+        return f"cannot read {parent}/cgroup.subtree_control ({err.strerror}), so runs get no CPU quota"
+    if "cpu" in enabled:
+        return ""
+    return (
+        f"the cpu controller is not enabled for children of {parent} (and we could not enable it), so runs "
+        f"get no CPU quota; enable it there (+cpu in its cgroup.subtree_control) or point {PARENT_ENV} at a "
+        "delegated cgroup that has it"
+    )
 
 
 def _try(layout: Layout) -> str:

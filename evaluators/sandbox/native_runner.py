@@ -7,7 +7,10 @@ executed by the container's root (with only the capabilities CHOWN, DAC_OVERRIDE
 SETGID and KILL). The candidate never runs as the runner's user: when the runner is root, every
 child (the compiler, the program, the clean-up helpers) drops to the unprivileged `uid` the host
 chose, so the program cannot signal, trace or read the runner, its other cases' inputs (kept in a
-0700 directory) or its report (the runner's stdout). A runner that is not root (the process
+0700 directory) or its report (the runner's stdout). The work directory, bin/ and the binary are the
+runner's with group access for the program's gid alone (0710, 0750): a program of another
+evaluation (another uid and gid) cannot reach them. With the setup's `keyctl` (the system call's
+number) every child joins a new anonymous session keyring after the uid drop. A runner that is not root (the process
 backend run by a normal user) cannot protect itself that way; see native.py.
 
 Protocol: the host writes messages, each a line with a byte count and then that many bytes of
@@ -119,6 +122,13 @@ class Child:
         self.scratch = job.get("scratch", [])
         self.marker = job["marker"]  # not the reply token: the program can read its environment
         self.env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", MARKER: self.marker}
+        self.keyctl = None  # keyctl(2)'s system call, when the host names its number: (libc, number)
+        if self.uid is not None and job.get("keyctl") is not None:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.syscall.restype = ctypes.c_long
+            self.keyctl = (libc.syscall, ctypes.c_long(int(job["keyctl"])), ctypes.c_long(1))
 
     def popen(self, argv, limits, cgroup_procs=(), **kw):
         """Start `argv` under `limits` ({name: (soft, hard)}) as the unprivileged uid, inside the
@@ -132,6 +142,11 @@ class Child:
                 os.setgroups([])
                 os.setgid(self.gid)
                 os.setuid(self.uid)
+            if self.keyctl is not None:
+                # KEYCTL_JOIN_SESSION_KEYRING, anonymous: a session keyring of this child alone, not
+                # ours (where it fails, the program cannot use keyrings either)
+                syscall, number, join = self.keyctl
+                syscall(number, join, None)
             os.umask(0o077)  # what it creates (in /tmp too) is unreadable by other cases' uids
             for name, (soft, hard) in limits.items():
                 which = getattr(resource, name)
