@@ -393,3 +393,17 @@ def test_a_run_that_never_used_keys_leaves_its_uid_owning_none() -> None:
             break
         time.sleep(0.01)
     assert not _owns_keys(uid), f"uid {uid} still owns keys after a run that used none"
+
+
+def test_a_cgroup_v1_cpu_hierarchy_that_takes_no_quota_is_left_out_and_said_so(monkeypatch) -> None:
+    from evaluators.sandbox import cgroups
+
+    layout, why = available()
+    if layout is None or layout.version != 1 or "cpu" not in layout.parents:
+        pytest.skip(f"needs cgroup v1 with a cpu hierarchy we may use ({why or 'cgroup v' + str(layout.version)})")
+    real = cgroups._try
+    monkeypatch.setattr(cgroups, "_try", lambda lay: "cpu.cfs_quota_us: Permission denied" if "cpu" in lay.parents else real(lay))
+    fewer, why = cgroups._probe()
+    assert fewer is not None, why
+    assert "cpu" not in fewer.parents and "memory" in fewer.parents and "unified" in fewer.parents
+    assert "no CPU quota" in cgroups.cpu_quota_missing(fewer)

@@ -153,9 +153,14 @@ def _probe() -> tuple[Layout | None, str]:
                 parents["unified"] = unified
             layout = Layout(1, parents)
             why = _try(layout)
-            if why and "unified" in parents:  # the unified hierarchy is a bonus; do without it
-                layout = Layout(1, {k: v for k, v in parents.items() if k != "unified"})
-                why = _try(layout)
+            # the unified and cpu hierarchies are bonuses: do without one we cannot use (without
+            # cpu, cpu_quota_missing says runs get no CPU quota)
+            for drop in (("cpu",), ("unified",), ("cpu", "unified")):
+                if not why or not any(d in parents for d in drop):
+                    continue
+                fewer = Layout(1, {k: v for k, v in parents.items() if k not in drop})
+                if not _try(fewer):
+                    layout, why = fewer, ""
             return (layout, "") if not why else (None, why)
     if not mounts:
         return None, "no cgroup filesystem is mounted"
@@ -246,9 +251,9 @@ class RunCgroup:
         _optional(f"{d['memory']}/memory.memsw.limit_in_bytes", str(memory))  # no swap (with swap accounting)
         _optional(f"{d['memory']}/memory.swappiness", "0")
         _write(f"{d['pids']}/pids.max", str(tasks))
-        if cpus and "cpu" in d:
+        if cpus and "cpu" in d:  # a layout with the cpu hierarchy promises the quota (_probe checks it)
             _optional(f"{d['cpu']}/cpu.cfs_period_us", "100000")
-            _optional(f"{d['cpu']}/cpu.cfs_quota_us", str(int(cpus * 100_000)))
+            _write(f"{d['cpu']}/cpu.cfs_quota_us", str(int(cpus * 100_000)))
 
     @property
     def procs_files(self) -> list[str]:
