@@ -407,3 +407,72 @@ def test_a_cgroup_v1_cpu_hierarchy_that_takes_no_quota_is_left_out_and_said_so(m
     assert fewer is not None, why
     assert "cpu" not in fewer.parents and "memory" in fewer.parents and "unified" in fewer.parents
     assert "no CPU quota" in cgroups.cpu_quota_missing(fewer)
+
+
+PYTHON_A = """
+import os, time
+
+def main(meet):
+    part, done = os.path.join(meet, "a.part"), os.path.join(meet, "a")
+    with open(part, "w") as f:
+        f.write(os.getcwd())
+    os.chmod(part, 0o644)
+    os.replace(part, done)
+    for _ in range(%(wait)d):
+        if os.path.exists(os.path.join(meet, "b-done")):
+            return "a-waited=1"
+        time.sleep(0.01)
+    return "a-waited=0"
+"""
+
+PYTHON_B = """
+import os, time
+
+def main(meet):
+    for _ in range(%(wait)d):
+        if os.path.exists(os.path.join(meet, "a")):
+            break
+        time.sleep(0.01)
+    tried = {}
+    try:
+        where = open(os.path.join(meet, "a")).read()
+    except OSError:
+        where = ""
+    tried["seen"] = bool(where)
+    for name, attempt in (
+        ("list", lambda: os.listdir(where)),
+        ("program", lambda: open(os.path.join(where, "candidate.py")).read()),
+        ("input", lambda: open(os.path.join(where, "input.json")).read()),
+    ):
+        try:
+            attempt()
+            tried[name] = True
+        except OSError:
+            tried[name] = False
+    open(os.path.join(meet, "b-done"), "w").close()
+    return tried
+"""
+
+
+def test_a_python_candidate_cannot_reach_the_files_of_another_evaluation_running_at_the_same_time() -> None:
+    from evaluators.sandbox.base import SandboxLimits
+
+    box = _root_with_cgroups()
+    meet = _shared_dir()
+    results: dict = {}
+
+    def evaluate(name: str, program: str) -> None:
+        results[name] = box.run(program % {"wait": WAIT}, "main", meet, SandboxLimits(timeout_s=60, memory_mb=512, cpus=1))
+
+    try:
+        threads = [threading.Thread(target=evaluate, args=args) for args in (("a", PYTHON_A), ("b", PYTHON_B))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        shutil.rmtree(meet, ignore_errors=True)
+    a, b = results["a"], results["b"]
+    assert a.ok and b.ok, (a.reason, a.logs, b.reason, b.logs)
+    assert a.output == "a-waited=1" and b.output["seen"], (a.output, b.output)
+    assert b.output == {"seen": True, "list": False, "program": False, "input": False}, f"B reached A's files: {b.output}"
