@@ -13,7 +13,8 @@ Two layouts are understood:
 - cgroup v2 (one hierarchy): the parent is `DISCOVER_CGROUP_PARENT` when set (a delegated
   cgroup: systemd's `Delegate=yes`, a user's `user@UID.service`), else our own cgroup; its
   children must get the memory and pids controllers (enabled in its `cgroup.subtree_control`,
-  or enabled by us when the kernel allows it).
+  or enabled by us when the kernel allows it), and get the cpu controller where it can be enabled
+  (`cpu_quota_missing` says when it cannot: the backend then warns that runs have no CPU quota).
 - cgroup v1 (a hierarchy per controller, as on hosts in "hybrid" mode): a child under our own
   cgroup in the memory and pids hierarchies (required) and in cpu / cpuacct (optional), plus
   the v2 "unified" hierarchy when it is mounted (for `cgroup.kill` and `cpu.stat`).
@@ -152,9 +153,14 @@ def _probe() -> tuple[Layout | None, str]:
                 parents["unified"] = unified
             layout = Layout(1, parents)
             why = _try(layout)
-            if why and "unified" in parents:  # the unified hierarchy is a bonus; do without it
-                layout = Layout(1, {k: v for k, v in parents.items() if k != "unified"})
-                why = _try(layout)
+            # the unified and cpu hierarchies are bonuses: do without one we cannot use (without
+            # cpu, cpu_quota_missing says runs get no CPU quota)
+            for drop in (("cpu",), ("unified",), ("cpu", "unified")):
+                if not why or not any(d in parents for d in drop):
+                    continue
+                fewer = Layout(1, {k: v for k, v in parents.items() if k not in drop})
+                if not _try(fewer):
+                    layout, why = fewer, ""
             return (layout, "") if not why else (None, why)
     if not mounts:
         return None, "no cgroup filesystem is mounted"
@@ -178,6 +184,28 @@ def _enable_v2(parent: str, controllers: list[str]) -> str:
                     f"point {PARENT_ENV} at a delegated cgroup"
                 )
     return ""
+
+
+def cpu_quota_missing(layout: Layout) -> str:
+    """ "" when run groups of `layout` get a CPU quota, else why not (and what would fix it). Without
+    one, a candidate spinning on every core slows the runs beside it; pinning to a core (the native
+    runner's) is all that is left, and the program can undo that."""
+    if layout.version == 1:
+        if "cpu" in layout.parents:
+            return ""
+        return "no cgroup v1 cpu hierarchy is mounted where we may make groups, so runs get no CPU quota"
+    parent = layout.parents["unified"]
+    try:
+        enabled = _read(os.path.join(parent, "cgroup.subtree_control")).split()
+    except OSError as err:
+        return f"cannot read {parent}/cgroup.subtree_control ({err.strerror}), so runs get no CPU quota"
+    if "cpu" in enabled:
+        return ""
+    return (
+        f"the cpu controller is not enabled for children of {parent} (and we could not enable it), so runs "
+        f"get no CPU quota; enable it there (+cpu in its cgroup.subtree_control) or point {PARENT_ENV} at a "
+        "delegated cgroup that has it"
+    )
 
 
 def _try(layout: Layout) -> str:
@@ -223,9 +251,9 @@ class RunCgroup:
         _optional(f"{d['memory']}/memory.memsw.limit_in_bytes", str(memory))  # no swap (with swap accounting)
         _optional(f"{d['memory']}/memory.swappiness", "0")
         _write(f"{d['pids']}/pids.max", str(tasks))
-        if cpus and "cpu" in d:
+        if cpus and "cpu" in d:  # a layout with the cpu hierarchy promises the quota (_probe checks it)
             _optional(f"{d['cpu']}/cpu.cfs_period_us", "100000")
-            _optional(f"{d['cpu']}/cpu.cfs_quota_us", str(int(cpus * 100_000)))
+            _write(f"{d['cpu']}/cpu.cfs_quota_us", str(int(cpus * 100_000)))
 
     @property
     def procs_files(self) -> list[str]:

@@ -15,7 +15,8 @@ since whatever it leaves in output.json is untrusted data that the parent verifi
 
 When job.json names a `uid` (the process backend does so when it runs as root), the harness
 drops to that unprivileged uid/gid after setting the limits and before any candidate code runs,
-so that RLIMIT_NPROC binds, root-only files stay unreadable and host processes cannot be signalled.
+so that RLIMIT_NPROC binds, root-only files stay unreadable and host processes cannot be signalled;
+with the job's `keyctl` it then joins a new anonymous session keyring, its own.
 Standard-library directories the new uid cannot traverse (e.g. an interpreter under /root) are
 kept importable through directory descriptors opened before the drop (/proc/self/fd/N).
 The docker backend runs this file unchanged inside the container, as a non-root user already.
@@ -75,8 +76,9 @@ def _reachable_by_others(path: str) -> bool:
         path = parent
 
 
-def _drop_privileges(uid: int, gid: int) -> None:
-    """Become `uid`:`gid` with no supplementary groups; keep sys.path importable."""
+def _drop_privileges(uid: int, gid: int, keyctl: int | None = None) -> None:
+    """Become `uid`:`gid` with no supplementary groups; keep sys.path importable. With `keyctl`
+    (the system call's number, from the host), join a new anonymous session keyring of the uid."""
     import ctypes  # imported now: the standard library may be unreachable after the drop
 
     libc = ctypes.CDLL(None, use_errno=True)
@@ -104,6 +106,13 @@ def _drop_privileges(uid: int, gid: int) -> None:
         raise SystemExit("could not drop privileges")
     # setuid() made the process non-dumpable, which hides /proc/self/fd from itself.
     libc.prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE = 4
+    if keyctl is not None:
+        # KEYCTL_JOIN_SESSION_KEYRING with no name: @s is new and the run's alone, not the session
+        # keyring inherited from us (whose keys a possessor may read, and which concurrent runs
+        # would share). Where it fails (no keys in the kernel, a seccomp filter) the candidate
+        # cannot use keyrings either.
+        libc.syscall.restype = ctypes.c_long
+        libc.syscall(ctypes.c_long(keyctl), ctypes.c_long(1), None)
 
 
 def _to_json(value, depth: int = 0):
@@ -141,7 +150,7 @@ def main() -> int:
         return EXIT_NO_CGROUP
     _set_limits(job)
     if job.get("uid") is not None:
-        _drop_privileges(int(job["uid"]), int(job["gid"]))
+        _drop_privileges(int(job["uid"]), int(job["gid"]), job.get("keyctl"))
     with open("input.json", encoding="utf-8") as f:
         argument = json.load(f)
     sys.dont_write_bytecode = True

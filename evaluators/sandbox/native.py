@@ -7,7 +7,11 @@ One trusted runner (native_runner.py) does the work on both backends; this modul
 returns the binary, the others receive it, and each slot takes the next case from a shared queue
 until none is left, the caller's `on_case` asks to stop (the first failing case, say) or the
 evaluation's deadline passes. Each case runs alone on one CPU: the process backend pins each slot
-to its own core, the docker backend gives each slot its own one-CPU container.
+to its own core and gives each case's cgroup a quota of one CPU (which, unlike pinning, the program
+cannot undo), the docker backend gives each slot its own one-CPU container. Under the process
+backend as root each slot has its own uid and gid: its directory, the runner's work directories and
+the binary are root's with access for that gid alone (native_runner.py), so a program of another
+evaluation cannot enter, read or run them.
 
 Host memory does not grow with the number of cases: a case's raw output (up to `output_bytes`) is
 judged as that case ends, in one judging thread, and dropped once `on_case` has seen it; only the
@@ -340,14 +344,18 @@ class LocalSession:
     of our runners use, and, when we are root, dropping the program to a fresh unprivileged uid."""
 
     def __init__(self, slot: int, limits: NativeLimits, layout: Any = None):
-        from evaluators.sandbox.reaping import SCRATCH_DIRS, acquire_run_uid, nproc_limit
+        from evaluators.sandbox.reaping import SCRATCH_DIRS, acquire_run_uid, keyctl_number, nproc_limit
 
         self.limits = limits
         self.layout = layout  # evaluators/sandbox/cgroups.py's Layout: each case gets a cgroup; None: none
         self.token = secrets.token_hex(16)
-        self.parent = tempfile.mkdtemp(prefix="discover-native-")
-        os.chmod(self.parent, 0o711)
+        self.parent = tempfile.mkdtemp(prefix="discover-native-")  # 0700, ours
         self.uid = acquire_run_uid()
+        if self.uid is not None:
+            # only the program's gid may pass (its name under /tmp can be listed): another
+            # evaluation's program, another uid and gid, cannot reach this one's binary or files
+            os.chown(self.parent, -1, self.uid)
+            os.chmod(self.parent, 0o710)
         self.cpu = _take_core()
         self.common = {
             "token": self.token,
@@ -360,6 +368,7 @@ class LocalSession:
             "cgroup": False,  # the host's cgroup counts everyone's processes; each case gets its own (case())
             "scratch": [d for d in SCRATCH_DIRS if d != "/dev/mqueue"] if self.uid is not None else [],
             "case_dir": True,
+            "keyctl": keyctl_number() if self.uid is not None else None,  # a session keyring per child
         }
         self.stderr = tempfile.TemporaryFile()
         try:
@@ -422,7 +431,10 @@ class LocalSession:
         from evaluators.sandbox.cgroups import RunCgroup
 
         try:
-            group = RunCgroup(self.layout, memory_mb, tasks)
+            # one CPU of quota (cpu.max / cpu.cfs_quota_us): core pinning alone can be undone by the
+            # program (sched_setaffinity), the quota cannot, so a spinning tree never takes the CPU
+            # of a case of another evaluation running at the same time
+            group = RunCgroup(self.layout, memory_mb, tasks, cpus=1)
         except OSError as err:
             raise SessionError(f"could not make a cgroup for the program: {err}") from None
         try:

@@ -7,7 +7,10 @@ executed by the container's root (with only the capabilities CHOWN, DAC_OVERRIDE
 SETGID and KILL). The candidate never runs as the runner's user: when the runner is root, every
 child (the compiler, the program, the clean-up helpers) drops to the unprivileged `uid` the host
 chose, so the program cannot signal, trace or read the runner, its other cases' inputs (kept in a
-0700 directory) or its report (the runner's stdout). A runner that is not root (the process
+0700 directory) or its report (the runner's stdout). The work directory, bin/ and the binary are the
+runner's with group access for the program's gid alone (0710, 0750): a program of another
+evaluation (another uid and gid) cannot reach them. With the setup's `keyctl` (the system call's
+number) every child joins a new anonymous session keyring after the uid drop. A runner that is not root (the process
 backend run by a normal user) cannot protect itself that way; see native.py.
 
 Protocol: the host writes messages, each a line with a byte count and then that many bytes of
@@ -119,6 +122,13 @@ class Child:
         self.scratch = job.get("scratch", [])
         self.marker = job["marker"]  # not the reply token: the program can read its environment
         self.env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", MARKER: self.marker}
+        self.keyctl = None  # keyctl(2)'s system call, when the host names its number: (libc, number)
+        if self.uid is not None and job.get("keyctl") is not None:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.syscall.restype = ctypes.c_long
+            self.keyctl = (libc.syscall, ctypes.c_long(int(job["keyctl"])), ctypes.c_long(1))
 
     def popen(self, argv, limits, cgroup_procs=(), **kw):
         """Start `argv` under `limits` ({name: (soft, hard)}) as the unprivileged uid, inside the
@@ -132,6 +142,11 @@ class Child:
                 os.setgroups([])
                 os.setgid(self.gid)
                 os.setuid(self.uid)
+            if self.keyctl is not None:
+                # KEYCTL_JOIN_SESSION_KEYRING, anonymous: a session keyring of this child alone, not
+                # ours (where it fails, the program cannot use keyrings either)
+                syscall, number, join = self.keyctl
+                syscall(number, join, None)
             os.umask(0o077)  # what it creates (in /tmp too) is unreadable by other cases' uids
             for name, (soft, hard) in limits.items():
                 which = getattr(resource, name)
@@ -301,7 +316,8 @@ def owned_dir(path, child, mode=0o700):
 
 
 def compile_source(setup, child, work):
-    """Compile once as the unprivileged uid; the binary goes to work/bin/main (0755, ours)."""
+    """Compile once as the unprivileged uid; the binary goes to work/bin/main (ours, 0750, group: the
+    program's gid)."""
     build = os.path.join(work, "build")
     owned_dir(build, child)
     src = os.path.join(build, "main.cpp")
@@ -342,18 +358,29 @@ def compile_source(setup, child, work):
     if ok:
         with open(out, "rb") as f:
             binary = f.read()
-        install_binary(binary, work)
+        install_binary(binary, work, child)
         result["binary"] = base64.b64encode(binary).decode() if setup.get("return_binary") else None
     shutil.rmtree(build, ignore_errors=True)
     result["ok"] = ok
     return result
 
 
-def install_binary(binary, work):
+def install_binary(binary, work, child):
     path = os.path.join(work, "bin", "main")
     with open(path, "wb") as f:
         f.write(binary)
-    os.chmod(path, 0o755)
+    program_may_enter(path, child, 0o750)
+
+
+def program_may_enter(path, child, mode):
+    """`path` stays ours, and only the program's own gid gets the group bits of `mode` (no world
+    bits): a program of another evaluation (another uid and gid) cannot enter, read or run it, even
+    knowing its name (names under /tmp can be listed). Not root: the program is us; owner bits only."""
+    if child.uid is None:
+        os.chmod(path, mode & 0o700)
+        return
+    os.chown(path, -1, child.gid)
+    os.chmod(path, mode & 0o770)
 
 
 def run_case(case, setup, child, work):
@@ -429,13 +456,14 @@ def main():
         os.chmod(path, 0o755)
     work = setup["workdir"]
     os.makedirs(work, exist_ok=True)
-    os.chmod(work, 0o711)  # the program may enter bin/ (its cwd), nothing else
-    os.mkdir(os.path.join(work, "bin"), 0o711)
+    program_may_enter(work, child, 0o710)  # the program (its gid alone) may enter bin/, nothing else
+    os.mkdir(os.path.join(work, "bin"), 0o700)
+    program_may_enter(os.path.join(work, "bin"), child, 0o710)
     os.mkdir(os.path.join(work, "io"), 0o700)
     if "source" in setup:
         ready = compile_source(setup, child, work)
     else:
-        install_binary(base64.b64decode(setup["binary"]), work)
+        install_binary(base64.b64decode(setup["binary"]), work, child)
         ready = {"ok": True}
     reply(token, {"kind": "ready", **ready})
     clean = True

@@ -23,7 +23,12 @@ from a range no account uses: the harness drops to it before the candidate runs.
 RLIMIT_NPROC binds (the uid has no other tasks), root-only files are unreadable, the candidate
 cannot signal our processes, and after the run every process of that uid is killed, wherever
 it went (no marker needed), and what the uid left is removed: its files in /tmp, /var/tmp,
-/run/lock and /dev/shm, its System V IPC objects and POSIX message queues (reaping.remove_owned).
+/run/lock and /dev/shm, its System V IPC objects and POSIX message queues (reaping.remove_owned),
+and its user and user-session keyrings are cleared (a uid that still owns keys is never handed out
+again: reaping.acquire_run_uid). The harness also joins a new anonymous session keyring as the uid,
+so a candidate's @s is its own. Evaluations running at once are told apart this way: another run's
+directory is another uid's and 0700, and each run's cgroup has a CPU quota (`cpu_quota_missing`
+says when the machine allows none; docs/sandbox.md, "Evaluations running at the same time").
 
 What this backend does NOT isolate (use the docker backend for untrusted models):
 - reading: the candidate can read every world-readable file (this repository and its evaluators
@@ -57,11 +62,12 @@ from pathlib import Path
 from typing import Any
 
 from evaluators.sandbox.base import DATA_ENV, BackendRefused, SandboxLimits, SandboxResult
-from evaluators.sandbox.cgroups import Layout, RunCgroup, available
+from evaluators.sandbox.cgroups import Layout, RunCgroup, available, cpu_quota_missing
 from evaluators.sandbox.reaping import (
     MARKER_VAR,
     acquire_run_uid,
     candidate_sys_path,
+    keyctl_number,
     kill_group,
     kill_marked,
     kill_uid,
@@ -78,6 +84,7 @@ ALLOW_ENV = "DISCOVER_ALLOW_UNBOUNDED_PROCESS_TREE"  # "1": the config switch, f
 EXIT_NO_CGROUP = 5  # harness.py: it could not join the run's cgroup (the candidate never ran)
 log = logging.getLogger(__name__)
 _warned = threading.Event()
+_warned_cpu = threading.Event()
 
 
 class UnboundedProcessTree(BackendRefused):
@@ -135,6 +142,14 @@ class ProcessSandbox:
             allow_unbounded_process_tree = allow_from_env()
         self.allow_unbounded_process_tree = bool(allow_unbounded_process_tree)
         self.layout = check_tree_bound(self.allow_unbounded_process_tree)
+        # "" when every run (and every case of a compiled program) gets a CPU quota, else why not
+        self.cpu_quota_missing = cpu_quota_missing(self.layout) if self.layout is not None else "there is no cgroup"
+        if self.layout is not None and self.cpu_quota_missing and not _warned_cpu.is_set():
+            _warned_cpu.set()
+            log.warning(
+                "process sandbox: %s: a candidate spinning on every core can slow evaluations running beside it",
+                self.cpu_quota_missing,
+            )
 
     def run(
         self,
@@ -199,6 +214,7 @@ class ProcessSandbox:
                 job["cgroup_procs"] = group.procs_files  # the harness joins it before dropping to `uid`
             if uid is not None:
                 job["uid"] = job["gid"] = uid
+                job["keyctl"] = keyctl_number()  # a session keyring of its own (harness.py)
                 for path in (workdir, *workdir.iterdir()):
                     os.chown(path, uid, uid)
             (workdir / "job.json").write_text(json.dumps(job), encoding="utf-8")

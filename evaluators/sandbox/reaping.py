@@ -8,7 +8,9 @@ deletes a run directory the candidate made unwritable.
 
 from __future__ import annotations
 
+import logging
 import os
+import platform
 import secrets
 import shutil
 import signal
@@ -21,23 +23,127 @@ MARKER_VAR = "DISCOVER_SANDBOX_RUN"  # env marker used to find processes that le
 RUN_UID_BASE, RUN_UID_SPAN = 1_500_000_000, 1 << 24
 _uids_in_use: set[int] = set()
 _uids_lock = threading.Lock()
+log = logging.getLogger(__name__)
 
 
 def acquire_run_uid() -> int | None:
-    """A fresh unprivileged uid for one run when we are root, else None (run as ourselves)."""
+    """A fresh unprivileged uid for one run when we are root, else None (run as ourselves).
+
+    Never one that runs a process or owns a kernel key (/proc/key-users): a user keyring outlives
+    the uid's processes, and one a candidate locked against clearing (`clear_keyrings`) would
+    otherwise be handed, with its keys, to a later candidate."""
     if os.geteuid() != 0:
         return None
     with _uids_lock:
         while True:
             uid = RUN_UID_BASE + secrets.randbelow(RUN_UID_SPAN)
-            if uid not in _uids_in_use and not uid_pids(uid):
+            if uid not in _uids_in_use and not uid_pids(uid) and uid not in uids_with_keys():
                 _uids_in_use.add(uid)
                 return uid
 
 
 def release_run_uid(uid: int) -> None:
+    """After every process of `uid` is dead: clear its keyrings (they outlive it), free the uid."""
+    # A run that never used keys owns one: the session keyring the harness or runner joined, freed
+    # shortly after its last process (its uid is not handed out until then); more than one means
+    # keyrings that outlive the run.
+    if uids_with_keys().get(uid, 0) > 1:
+        why = clear_keyrings(uid)
+        if why:  # the uid keeps its keys and is never handed out again (acquire_run_uid)
+            log.debug("uid %d retired: %s", uid, why)
     with _uids_lock:
         _uids_in_use.discard(uid)
+
+
+# keyctl(2)'s system call number by machine (platform.machine()); None elsewhere: no keyrings used
+KEYCTL_SYSCALL = {
+    "x86_64": 250,
+    "amd64": 250,
+    "i386": 288,
+    "i686": 288,
+    "aarch64": 219,
+    "arm64": 219,
+    "riscv64": 219,
+    "loongarch64": 219,
+    "armv7l": 311,
+    "armv6l": 311,
+    "ppc64le": 271,
+    "ppc64": 271,
+    "s390x": 280,
+}
+KEY_USERS = "/proc/key-users"  # one line per uid that owns kernel keys (root sees every uid)
+
+
+def keyctl_number() -> int | None:
+    """keyctl's system call number here, or None (an architecture not in KEYCTL_SYSCALL)."""
+    return KEYCTL_SYSCALL.get(platform.machine())
+
+
+def uids_with_keys() -> dict[int, int]:
+    """The uids that own kernel keys or keyrings now, each with how many (empty where the kernel
+    has no keys). /proc/key-users: "<uid>: <usage> <nkeys>/<nikeys> <quota> ..."."""
+    found = {}
+    try:
+        with open(KEY_USERS, encoding="ascii") as f:
+            for line in f:
+                head, _, rest = line.partition(":")
+                fields = rest.split()
+                if head.strip().isdigit() and len(fields) > 1:
+                    found[int(head)] = int(fields[1].split("/")[0])
+    except (OSError, ValueError):
+        pass
+    return found
+
+
+# Run as root in a fresh interpreter (no fork of our threaded process): become the uid, join an
+# anonymous session keyring of its own (ours is never touched), and, for each of its user and
+# user-session keyrings (looking them up creates them: this runs only for a uid that owns keys),
+# give the uid back write access (a candidate may have taken it away; it can also lock us out
+# entirely, which acquire_run_uid's rule covers) and clear it.
+_CLEAR_KEYRINGS = """
+import ctypes, os, sys
+uid, nr = int(sys.argv[1]), int(sys.argv[2])
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+L = ctypes.c_long
+def keyctl(*args):
+    return libc.syscall(L(nr), *[a if a is None else L(a) for a in args])
+os.setgroups([])
+os.setgid(uid)
+os.setuid(uid)
+if keyctl(1, None) < 0:  # KEYCTL_JOIN_SESSION_KEYRING, anonymous
+    sys.exit("cannot join a session keyring: " + os.strerror(ctypes.get_errno()))
+failed = []
+for name, spec in (("user", -4), ("user session", -5)):  # KEY_SPEC_USER_KEYRING, _USER_SESSION_
+    keyctl(5, spec, 0x3F3F0000)  # KEYCTL_SETPERM: possessor and user all
+    if keyctl(7, spec) < 0:  # KEYCTL_CLEAR
+        failed.append(name + " keyring: " + os.strerror(ctypes.get_errno()))
+sys.exit("; ".join(failed) if failed else 0)
+"""
+
+
+def clear_keyrings(uid: int) -> str:
+    """Root, after every process of `uid` is dead: clear the keyrings that outlive them (user and
+    user-session), so that the keys' contents are gone; "" or why not. (The uid still owns the empty
+    keyrings, so acquire_run_uid does not hand it out again.)"""
+    nr = keyctl_number()
+    if nr is None or os.geteuid() != 0:
+        return f"keyrings not cleared: no keyctl number for {platform.machine()}" if nr is None else "not root"
+    import subprocess
+
+    try:
+        done = subprocess.run(
+            [sys.executable, "-I", "-S", "-c", _CLEAR_KEYRINGS, str(uid), str(nr)],
+            capture_output=True,
+            timeout=30,
+            check=False,
+            env={"PATH": "/usr/bin:/bin"},
+        )
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return f"could not clear the keyrings of uid {uid}: {err}"
+    if done.returncode != 0:
+        return f"could not clear the keyrings of uid {uid}: {done.stderr.decode(errors='replace').strip()[-300:]}"
+    return ""
 
 
 def uid_pids(uid: int) -> list[int]:
