@@ -10,6 +10,7 @@ a task with the same result.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import shutil
@@ -34,7 +35,8 @@ from discover.run import Ref, Run, draw_seeds, load_archive, read_evaluations, r
 from evaluators.base import EvalResult
 from evaluators.sandbox import sandbox_for
 from storage.atomic import atomic_dir, atomic_write_json
-from storage.tables import write_records
+from storage.rollout_parts import RolloutParts
+from storage.tables import read_records, write_records
 
 log = logging.getLogger("discover")
 
@@ -134,14 +136,99 @@ def generate(run: Run, step: int, on_rollout: Callable[[Rollout], None] | None =
 
     `on_rollout` sees each rollout as soon as the policy finishes it (discover/evaluation.py starts
     evaluating it there); the file written is the same with or without it, in (group, index) order.
-    """
-    from discover.policy import load_policy
 
+    Resumable per rollout (docs/runs.md, "A generate killed midway"): each finished rollout is stored
+    at once (storage/rollout_parts.py), and a generate run again (a Prefect retry, `discover resume`)
+    takes the stored ones, hands them to `on_rollout` too (the evaluation keeps one result per
+    candidate, so nothing is evaluated twice) and generates only the missing (group, index) keys,
+    each from the seed it has in the full batch. How many were reused and generated goes to the
+    log line and to steps/NNNN/generate.json. Mixed groups (MIGRATE) generate the whole step again
+    instead: their re-attached slots are re-scored as one batch.
+    """
     config, inputs = run.config, run.reads("generate", step)
     parents = json.loads(inputs["parents"].read_text())["groups"]
+    m = config.mixed
+    mixed = bool(m.greedy or m.neighbourhood)
+    parts = RolloutParts(run.layout.generated(step), Rollout)
+    digest = _generate_digest(run, step)
+    stored = _stored_rollouts(run, step, parts, digest)
+    if mixed and stored:
+        log.info("step %d generate: mixed groups generate every slot again (%d stored rollouts not reused)", step, len(stored))
+        stored = {}
+    out = run.writes("generate", step)
+    rollouts = list(stored.values())
+    for r in rollouts:
+        if on_rollout is not None:
+            on_rollout(r)
+    context_of = {g["group"]: i for i, g in enumerate(parents)}  # a rollout's group -> its context's index in the batch
+    skip = frozenset((context_of[group], index) for group, index in stored)
+    t0 = time.time()
+
+    def store(r: Rollout) -> None:
+        if not mixed:  # mixed groups are not resumed per rollout (above)
+            parts.put(r.group, r.index, r, digest)
+
+    if len(stored) < len(parents) * config.rollouts_per_group:
+        rollouts += _sample(run, step, parents, inputs, skip, store, on_rollout)
+    rollouts.sort(key=lambda r: (r.group, r.index))
+    tokens = sum(len(r.completion_ids) for r in rollouts)
+    seconds = time.time() - t0
+    atomic_write_json(
+        run.layout.generate_stats(step),
+        {"rollouts_reused": len(stored), "rollouts_generated": len(rollouts) - len(stored), "tokens": tokens, "seconds": seconds},
+    )
+    write_records(out, rollouts, Rollout, {_GENERATE_INPUTS: digest})
+    parts.remove()  # the output holds them all now
+    log.info(
+        "step %d generate: %d rollouts (%d reused from an interrupted attempt, %d generated), %d tokens in %.1f s",
+        step,
+        len(rollouts),
+        len(stored),
+        len(rollouts) - len(stored),
+        tokens,
+        seconds,
+    )
+    return run.ref(out)
+
+
+_GENERATE_INPUTS = "generate_inputs"  # the output file's metadata: the digest of what it was generated from
+
+
+def _generate_digest(run: Run, step: int) -> str:
+    """What a stored rollout must have been generated from to be reused: the content of every
+    file generate reads (parents, checkpoint, archive, past rollouts) and the step's seed."""
+    what = {"inputs": run.input_hashes("generate", step), "seed": run.seed("generate", step)}
+    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
+
+
+def _stored_rollouts(run: Run, step: int, parts: RolloutParts[Rollout], digest: str) -> dict[tuple[int, int], Rollout]:
+    """The rollouts of `step` a previous attempt finished, by (group, index): the stored records,
+    and every row of an output file already written from the same inputs (an attempt killed after
+    writing it, before the manifest recorded it)."""
+    out = run.writes("generate", step)
+    if out.is_file():
+        rows, meta = read_records(out, Rollout)
+        if meta.get(_GENERATE_INPUTS) == digest:
+            return {(r.group, r.index): r for r in rows}
+    return parts.load(digest)
+
+
+def _sample(
+    run: Run,
+    step: int,
+    parents: list[dict[str, Any]],
+    inputs: dict[str, Path],
+    skip: frozenset[tuple[int, int]],
+    store: Callable[[Rollout], None],
+    on_rollout: Callable[[Rollout], None] | None,
+) -> list[Rollout]:
+    """The rollouts of every (context index, index) key but those in `skip`, each stored (`store`)
+    and handed to `on_rollout` as soon as the policy finishes it."""
+    from discover.policy import load_policy
+
+    config = run.config
     policy = load_policy(config.model, inputs["checkpoint"] / "adapter")
     sampling = config.sampling
-    t0 = time.time()
     contexts = [g["context"] for g in parents]
     m = config.mixed
     if m.greedy or m.neighbourhood:  # docs/method.md §6, MIGRATE: slots from the best past completions and a neighbourhood prompt
@@ -158,19 +245,15 @@ def generate(run: Run, step: int, on_rollout: Callable[[Rollout], None] | None =
             m.neighbourhood,
         )
     else:
-        stream = policy.sample_stream(contexts, config.rollouts_per_group, sampling, run.seed("generate", step))
+        stream = policy.sample_stream(contexts, config.rollouts_per_group, sampling, run.seed("generate", step), skip)
     rollouts = []
     for g, k, completion in stream:
         rollout = Rollout.of(completion, group=parents[g]["group"], index=k, parent_id=parents[g]["parent_id"])
+        store(rollout)  # before anything else sees it: a kill from here on keeps it
         rollouts.append(rollout)
         if on_rollout is not None:
             on_rollout(rollout)
-    rollouts.sort(key=lambda r: (r.group, r.index))
-    out = run.writes("generate", step)
-    write_records(out, rollouts, Rollout)
-    tokens = sum(len(r.completion_ids) for r in rollouts)
-    log.info("step %d generate: %d rollouts, %d tokens in %.1f s", step, len(rollouts), tokens, time.time() - t0)
-    return run.ref(out)
+    return rollouts
 
 
 def evaluate(run: Run, step: int, evaluation: StepEvaluation | None = None) -> Ref:
