@@ -25,7 +25,7 @@ from discover.archive import Archive
 from discover.archive import update_archive as apply_archive_update
 from discover.config import RunConfig, TrainConfig
 from discover.evaluation import StepEvaluation, judge_candidate, thread_pool
-from discover.mixed import best_past_rollouts, mixed_stream
+from discover.mixed import best_past_rollouts, mixed_stream, slot_counts
 from discover.objectives import group_advantages
 from discover.preflight import preflight
 from discover.prompts import build_context
@@ -142,20 +142,20 @@ def generate(run: Run, step: int, on_rollout: Callable[[Rollout], None] | None =
     takes the stored ones, hands them to `on_rollout` too (the evaluation keeps one result per
     candidate, so nothing is evaluated twice) and generates only the missing (group, index) keys,
     each from the seed it has in the full batch. How many were reused and generated goes to the
-    log line and to steps/NNNN/generate.json. Mixed groups (MIGRATE) generate the whole step again
-    instead: their re-attached slots are re-scored as one batch.
+    log line and to steps/NNNN/generate.json. Mixed groups (MIGRATE) resume their on-policy slots
+    only: the greedy and neighbourhood slots are made again and re-scored as one batch, as in an
+    uninterrupted step.
     """
     config, inputs = run.config, run.reads("generate", step)
     parents = json.loads(inputs["parents"].read_text())["groups"]
-    m = config.mixed
-    mixed = bool(m.greedy or m.neighbourhood)
+    k, m = config.rollouts_per_group, config.mixed
+    past = best_past_rollouts(load_archive(inputs["archive"]), run.layout.rollouts, max(m.greedy, 1)) if m.greedy or m.neighbourhood else []
+    resumable = slot_counts(k, m.greedy, m.neighbourhood, len(past))[0] if m.greedy or m.neighbourhood else k  # slots stored as they come
     parts = RolloutParts(run.layout.generated(step), Rollout)
     digest = _generate_digest(run, step)
     stored = _stored_rollouts(run, step, parts, digest)
-    if mixed and stored:
-        log.info("step %d generate: mixed groups generate every slot again (%d stored rollouts not reused)", step, len(stored))
-        stored = {}
-    out = run.writes("generate", step)
+    if len(stored) < len(parents) * k:  # an interrupted attempt: its on-policy slots only
+        stored = {key: r for key, r in stored.items() if key[1] < resumable}
     rollouts = list(stored.values())
     for r in rollouts:
         if on_rollout is not None:
@@ -165,11 +165,12 @@ def generate(run: Run, step: int, on_rollout: Callable[[Rollout], None] | None =
     t0 = time.time()
 
     def store(r: Rollout) -> None:
-        if not mixed:  # mixed groups are not resumed per rollout (above)
+        if r.index < resumable:
             parts.put(r.group, r.index, r, digest)
 
-    if len(stored) < len(parents) * config.rollouts_per_group:
-        rollouts += _sample(run, step, parents, inputs, skip, store, on_rollout)
+    if len(stored) < len(parents) * k:
+        prompts = {context_of[r.group]: r.prompt_ids for r in rollouts}  # what mixed groups re-attach their other slots to
+        rollouts += _sample(run, step, parents, inputs["checkpoint"], past, skip, prompts, store, on_rollout)
     rollouts.sort(key=lambda r: (r.group, r.index))
     tokens = sum(len(r.completion_ids) for r in rollouts)
     seconds = time.time() - t0
@@ -177,6 +178,7 @@ def generate(run: Run, step: int, on_rollout: Callable[[Rollout], None] | None =
         run.layout.generate_stats(step),
         {"rollouts_reused": len(stored), "rollouts_generated": len(rollouts) - len(stored), "tokens": tokens, "seconds": seconds},
     )
+    out = run.writes("generate", step)
     write_records(out, rollouts, Rollout, {_GENERATE_INPUTS: digest})
     parts.remove()  # the output holds them all now
     log.info(
@@ -196,14 +198,14 @@ _GENERATE_INPUTS = "generate_inputs"  # the output file's metadata: the digest o
 
 def _generate_digest(run: Run, step: int) -> str:
     """What a stored rollout must have been generated from to be reused: the content of every
-    file generate reads (parents, checkpoint, archive, past rollouts) and the step's seed."""
-    what = {"inputs": run.input_hashes("generate", step), "seed": run.seed("generate", step)}
+    file generate reads (parents, checkpoint, archive, past rollouts) and the step's seeds."""
+    what = {"inputs": run.input_hashes("generate", step), "seeds": [run.seed("generate", step), run.seed("neighbourhood", step)]}
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
 
 
 def _stored_rollouts(run: Run, step: int, parts: RolloutParts[Rollout], digest: str) -> dict[tuple[int, int], Rollout]:
     """The rollouts of `step` a previous attempt finished, by (group, index): the stored records,
-    and every row of an output file already written from the same inputs (an attempt killed after
+    or every row of an output file already written from the same inputs (an attempt killed after
     writing it, before the manifest recorded it)."""
     out = run.writes("generate", step)
     if out.is_file():
@@ -217,22 +219,24 @@ def _sample(
     run: Run,
     step: int,
     parents: list[dict[str, Any]],
-    inputs: dict[str, Path],
+    checkpoint: Path,
+    past: list[Rollout],
     skip: frozenset[tuple[int, int]],
+    prompts: dict[int, list[int]],
     store: Callable[[Rollout], None],
     on_rollout: Callable[[Rollout], None] | None,
 ) -> list[Rollout]:
     """The rollouts of every (context index, index) key but those in `skip`, each stored (`store`)
-    and handed to `on_rollout` as soon as the policy finishes it."""
+    and handed to `on_rollout` as soon as the policy finishes it. `past` and `prompts` (a context's
+    prompt tokens, from its stored rollouts) are for mixed groups."""
     from discover.policy import load_policy
 
     config = run.config
-    policy = load_policy(config.model, inputs["checkpoint"] / "adapter")
+    policy = load_policy(config.model, checkpoint / "adapter")
     sampling = config.sampling
     contexts = [g["context"] for g in parents]
     m = config.mixed
     if m.greedy or m.neighbourhood:  # docs/method.md §6, MIGRATE: slots from the best past completions and a neighbourhood prompt
-        past = best_past_rollouts(load_archive(inputs["archive"]), run.layout.rollouts, max(m.greedy, 1))  # the files Run.reads lists
         stream = mixed_stream(
             policy,
             contexts,
@@ -243,6 +247,8 @@ def _sample(
             past,
             m.greedy,
             m.neighbourhood,
+            skip=skip,
+            prompt_ids=prompts,
         )
     else:
         stream = policy.sample_stream(contexts, config.rollouts_per_group, sampling, run.seed("generate", step), skip)
