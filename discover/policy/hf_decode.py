@@ -24,8 +24,8 @@ def sample_tokens(logp: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     """One token per row of `logp` (rows x vocabulary, normalised log-probabilities) by inverting
     the row's cumulative distribution at its uniform draw in [0, 1): an exact draw from the
     categorical distribution, and a function of that row's probabilities and draw alone. The sum
-    runs in float64, so rounding moves a boundary by about 1e-16, not by the float32 error of a
-    vocabulary-long sum."""
+    runs in float64, so its rounding over a whole vocabulary (about 1e-11) is far below the float32
+    rounding of the probabilities themselves. A token of probability 0 is never drawn."""
     cdf = torch.cumsum(logp.double().exp(), dim=-1)
     u = uniforms.to(device=cdf.device, dtype=torch.float64).unsqueeze(-1) * cdf[:, -1:]
     return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=logp.shape[-1] - 1)
