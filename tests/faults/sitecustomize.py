@@ -14,7 +14,12 @@ end: before the task runs, or after its output is written but before it is recor
 of the run's initialisation: create_run (end: config.yaml written), initialise (start),
 save_archive (end: archive STEP written), atomic_dir (end: a checkpoint STEP written to its
 temporary folder, not yet renamed), or `candidate` with PHASE a number N: right after the N-th
-candidate result of step STEP is stored (storage/candidates.py).
+candidate result of step STEP is stored (storage/candidates.py), or `rollout` with PHASE a number
+N: right after the N-th rollout of step STEP is stored while it is generated (storage/rollout_parts.py).
+
+- DISCOVER_KILL_RANK=R: a rank R of sharded training (discover/policy/sharded.py) SIGKILLs itself
+  when it starts accumulating gradients, as a rank lost mid-step (the other ranks are waiting in
+  its collectives).
 
 - DISCOVER_EVAL_LOG=PATH appends one line "STEP KEY PID" to PATH each time a candidate is really
   evaluated (discover.evaluation.run_job), in whichever process runs it (engine workers too), so
@@ -33,6 +38,7 @@ from pathlib import Path
 CRASH = os.environ.get("DISCOVER_CRASH_AT", "")
 HOLD = os.environ.get("DISCOVER_HOLD_AT", "")
 EVAL_LOG = os.environ.get("DISCOVER_EVAL_LOG", "")
+KILL_RANK = os.environ.get("DISCOVER_KILL_RANK", "")
 
 
 def _at(name: str, step: int, phase: str, run: object = None) -> None:
@@ -108,6 +114,19 @@ def _install() -> None:
 
     CandidateStore.put = counted_put
 
+    from storage.rollout_parts import RolloutParts
+
+    put_rollout, generated = RolloutParts.put, {}
+
+    @functools.wraps(put_rollout)
+    def counted_rollout(self, group, index, rollout, inputs):
+        put_rollout(self, group, index, rollout, inputs)
+        step = _step_of(self.folder.parent)
+        generated[step] = generated.get(step, 0) + 1
+        _at("rollout", step, str(generated[step]))
+
+    RolloutParts.put = counted_rollout
+
 
 def _log_evaluations() -> None:
     from discover import evaluation
@@ -124,7 +143,25 @@ def _log_evaluations() -> None:
     evaluation.run_job = logged
 
 
+def _kill_rank() -> None:
+    from discover.policy import trainer
+
+    accumulate = trainer.accumulate_gradients
+
+    @functools.wraps(accumulate)
+    def killed(*args, **kwargs):
+        import torch.distributed as dist
+
+        if kwargs.get("distributed") and dist.get_rank() == int(KILL_RANK):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return accumulate(*args, **kwargs)
+
+    trainer.accumulate_gradients = killed
+
+
 if CRASH or HOLD:
     _install()
+if KILL_RANK:
+    _kill_rank()
 if EVAL_LOG:
     _log_evaluations()
