@@ -48,6 +48,7 @@ What this backend does NOT isolate (use the docker backend for untrusted models)
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import math
@@ -61,7 +62,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from evaluators.sandbox.base import DATA_ENV, BackendRefused, SandboxLimits, SandboxResult
+from evaluators.sandbox.base import DATA_ENV, BackendRefused, SandboxLimits, SandboxResult, tmpfs_mb
 from evaluators.sandbox.cgroups import Layout, RunCgroup, available, cpu_quota_missing
 from evaluators.sandbox.reaping import (
     MARKER_VAR,
@@ -82,9 +83,64 @@ from evaluators.sandbox.run_outputs import failure_reason, read_logs, read_outpu
 HARNESS = Path(__file__).with_name("harness.py")
 ALLOW_ENV = "DISCOVER_ALLOW_UNBOUNDED_PROCESS_TREE"  # "1": the config switch, for processes that read no config
 EXIT_NO_CGROUP = 5  # harness.py: it could not join the run's cgroup (the candidate never ran)
+EXIT_NO_ISOLATION = 6  # harness.py: it could not isolate the candidate (ISOLATION_FAILED says why)
+ISOLATION_FAILED = "isolation-failed"
 log = logging.getLogger(__name__)
 _warned = threading.Event()
 _warned_cpu = threading.Event()
+_warned_isolation = threading.Event()
+_isolation_lock = threading.Lock()
+_isolation: tuple[dict[str, Any], dict[str, str]] | None = None
+
+
+def isolation() -> tuple[dict[str, Any], dict[str, str]]:
+    """(what every run's isolation spec shares, {mechanism: why it is missing here}), found once per
+    process: namespaces (root only), Landlock and seccomp are each tried on a child that exits at
+    once (isolation.probe, in a fresh process). The shared part: "namespaces" (bool), "seccomp" (the
+    filter's BPF, base64, or None), "landlock" (bool)."""
+    global _isolation
+    with _isolation_lock:
+        if _isolation is None:
+            _isolation = _find_isolation()
+        return _isolation
+
+
+def _find_isolation() -> tuple[dict[str, Any], dict[str, str]]:
+    from evaluators.sandbox import isolation as iso
+
+    missing: dict[str, str] = {}
+    try:
+        bpf: str | None = base64.b64encode(iso.seccomp_filter()).decode()
+    except (ImportError, OSError, RuntimeError, ValueError) as err:  # no libseccomp (pip install pyseccomp; apt libseccomp2)
+        bpf, missing["seccomp"] = None, f"the seccomp filter cannot be built: {err}"
+    root = os.geteuid() == 0
+    if not root:
+        missing["namespaces"] = "not root: namespaces and mounts need CAP_SYS_ADMIN"
+    trial = {
+        "namespaces": root,
+        "tmpfs_mb": 16,
+        "binds": [],
+        "user": {"uid": 65534, "gid": 65534, "home": "/"},
+        "exec": iso.python_tools(),
+        "seccomp": bpf,
+    }
+    try:
+        out = subprocess.run(
+            [sys.executable, "-I", "-S", iso.__file__, json.dumps(trial)], capture_output=True, text=True, timeout=60, check=True
+        ).stdout
+        found = json.loads(out)
+    except (OSError, subprocess.SubprocessError, ValueError) as err:
+        found = {name: f"the probe failed: {err}" for name in ("namespaces", "landlock", "seccomp")}
+    for name, why in found.items():
+        missing.setdefault(name, why)
+    if not root:
+        missing["namespaces"] = "not root: namespaces and mounts need CAP_SYS_ADMIN"
+    shared = {
+        "namespaces": "namespaces" not in missing,
+        "seccomp": bpf if "seccomp" not in missing else None,
+        "landlock": "landlock" not in missing,
+    }
+    return shared, missing
 
 
 class UnboundedProcessTree(BackendRefused):
@@ -149,6 +205,14 @@ class ProcessSandbox:
             log.warning(
                 "process sandbox: %s: a candidate spinning on every core can slow evaluations running beside it",
                 self.cpu_quota_missing,
+            )
+        # {mechanism: why not} for namespaces, landlock and seccomp: what runs here go without
+        self.isolation, self.isolation_missing = isolation()
+        if self.isolation_missing and not _warned_isolation.is_set():
+            _warned_isolation.set()
+            log.warning(
+                "process sandbox: candidates run without %s (docs/sandbox.md, Process, says what that leaves open)",
+                "; ".join(f"{name}: {why}" for name, why in sorted(self.isolation_missing.items())),
             )
 
     def run(
@@ -217,6 +281,7 @@ class ProcessSandbox:
                 job["keyctl"] = keyctl_number()  # a session keyring of its own (harness.py)
                 for path in (workdir, *workdir.iterdir()):
                     os.chown(path, uid, uid)
+            job["isolation"] = self._isolation_spec(workdir, limits, uid, data_dir)
             (workdir / "job.json").write_text(json.dumps(job), encoding="utf-8")
             return self._spawn(workdir, limits, uid, data_dir, device, group)
         finally:
@@ -226,6 +291,24 @@ class ProcessSandbox:
                 kill_uid(uid)
                 remove_owned(uid)  # its files in /tmp, /var/tmp, /run/lock, /dev/shm; its IPC objects
                 release_run_uid(uid)
+
+    def _isolation_spec(self, workdir: Path, limits: SandboxLimits, uid: int | None, data_dir: Path | None) -> dict[str, Any] | None:
+        """What harness.py's isolation does for this run (evaluators/sandbox/isolation.py)."""
+        from evaluators.sandbox import isolation as iso
+
+        shared = self.isolation
+        if not (shared["namespaces"] or shared["landlock"] or shared["seccomp"]):
+            return None
+        binds = [[str(workdir), True]] + ([[str(Path(data_dir).resolve()), False]] if data_dir is not None else [])
+        private = [str(workdir), *iso.SCRATCH] if shared["namespaces"] else [str(workdir)]
+        return {
+            "namespaces": shared["namespaces"],
+            "tmpfs_mb": tmpfs_mb(limits),
+            "binds": binds,
+            "user": {"uid": uid, "gid": uid, "home": str(workdir)} if uid is not None else None,
+            "exec": iso.python_tools() + private if shared["landlock"] else None,
+            "seccomp": shared["seccomp"],
+        }
 
     def _spawn(
         self,
@@ -279,6 +362,10 @@ class ProcessSandbox:
                 logs=logs,
                 reason=f"memory limit ({limits.memory_mb} MB) exceeded by the process tree: the out-of-memory killer fired",
             )
+        if returncode == EXIT_NO_ISOLATION:
+            why = _isolation_failure(workdir)
+            if why is not None:  # written by root before any candidate code ran: ours to fix
+                raise RuntimeError(f"the process sandbox could not isolate the candidate: {why}")
         if returncode == EXIT_NO_CGROUP and group is not None and not group.cpu_s():
             # nothing ever ran in the group (a candidate that exits with 5 itself did): ours to fix
             raise RuntimeError(f"the process sandbox could not move the candidate into its cgroup: {last_err_line}")
@@ -286,6 +373,18 @@ class ProcessSandbox:
             output, reason = read_output(workdir / "output.json", cap)
             return SandboxResult(ok=not reason, output=output, reason=reason, logs=logs)
         return SandboxResult(ok=False, reason=failure_reason(returncode, last_err_line, limits), logs=logs)
+
+
+def _isolation_failure(workdir: Path) -> str | None:
+    """Why harness.py could not isolate the run, when root wrote it (a candidate, another uid, cannot
+    forge a root-owned file); None otherwise (then an exit status 6 is the candidate's own)."""
+    path = workdir / ISOLATION_FAILED
+    try:
+        if os.geteuid() != 0 or path.lstat().st_uid != 0:
+            return None
+        return path.read_text(encoding="utf-8", errors="replace")[:500]
+    except OSError:
+        return None
 
 
 def _thread_env(limits: SandboxLimits) -> dict[str, str]:
