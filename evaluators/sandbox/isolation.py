@@ -82,6 +82,10 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
 
 
+def _syscall(number: int, *args) -> int:
+    return int(_libc.syscall(ctypes.c_long(number), *args))
+
+
 def _check(result: int, what: str) -> None:
     if result < 0:
         err = ctypes.get_errno()
@@ -89,22 +93,20 @@ def _check(result: int, what: str) -> None:
 
 
 def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
-    enc = (lambda s: None if s is None else s.encode())  # noqa: E731
+    enc = lambda s: None if s is None else s.encode()  # noqa: E731
     _check(_libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)), f"mount {target}")
 
 
 class _MountAttr(ctypes.Structure):
-    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64), ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64)]
+    _fields_ = [(name, ctypes.c_uint64) for name in ("attr_set", "attr_clr", "propagation", "userns_fd")]
 
 
 def _all_read_only() -> None:
     """Every mount of this (new) mount namespace read-only and nosuid, recursively."""
     attr = _MountAttr(MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID, 0, 0, 0)
+    size = ctypes.c_size_t(ctypes.sizeof(attr))
     _check(
-        _libc.syscall(
-            ctypes.c_long(SYS_MOUNT_SETATTR), ctypes.c_int(AT_FDCWD), b"/", ctypes.c_uint(AT_RECURSIVE), ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr))
-        ),
-        "mount_setattr / read-only",
+        _syscall(SYS_MOUNT_SETATTR, ctypes.c_int(AT_FDCWD), b"/", ctypes.c_uint(AT_RECURSIVE), ctypes.byref(attr), size), "mount_setattr"
     )
 
 
@@ -163,7 +165,7 @@ def _set_up_mounts(spec: dict) -> None:
             _mount("mqueue", "/dev/mqueue", "mqueue", MS_NOSUID | MS_NODEV | MS_NOEXEC)
         for (path, writable), fd in zip(binds, handles, strict=True):
             if any(path == t or path.startswith(t + "/") for t in scratch):  # hidden by a fresh tmpfs
-                os.makedirs(path, mode=0o711, exist_ok=True)  # parents root's and 0711: nothing to list
+                os.makedirs(path, exist_ok=True)  # root's, in the tmpfs; the bind mount covers it
             _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
             flags = MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NODEV | (0 if writable else MS_RDONLY)
             _mount(None, path, None, flags)
@@ -197,14 +199,14 @@ class _PathBeneath(ctypes.Structure):
 
 def landlock_abi() -> int:
     """The kernel's Landlock ABI version, 0 when there is none."""
-    version = _libc.syscall(ctypes.c_long(SYS_LANDLOCK_CREATE_RULESET), None, ctypes.c_size_t(0), ctypes.c_uint32(LANDLOCK_CREATE_RULESET_VERSION))
-    return max(0, int(version))
+    version = _syscall(SYS_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(LANDLOCK_CREATE_RULESET_VERSION))
+    return max(0, version)
 
 
 def _restrict_exec(paths: list[str]) -> None:
     """Landlock: execve (and the ELF interpreter) only of files at or beneath `paths`."""
     handled = ctypes.c_uint64(LANDLOCK_ACCESS_FS_EXECUTE)
-    ruleset = _libc.syscall(ctypes.c_long(SYS_LANDLOCK_CREATE_RULESET), ctypes.byref(handled), ctypes.c_size_t(8), ctypes.c_uint32(0))
+    ruleset = _syscall(SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(handled), ctypes.c_size_t(8), ctypes.c_uint32(0))
     _check(ruleset, "landlock_create_ruleset")
     try:
         for path in paths:
@@ -214,13 +216,13 @@ def _restrict_exec(paths: list[str]) -> None:
                 continue  # gone (a tool that is not installed)
             try:
                 rule = _PathBeneath(LANDLOCK_ACCESS_FS_EXECUTE, fd)
-                _check(
-                    _libc.syscall(ctypes.c_long(SYS_LANDLOCK_ADD_RULE), ctypes.c_int(ruleset), ctypes.c_int(LANDLOCK_RULE_PATH_BENEATH), ctypes.byref(rule), ctypes.c_uint32(0)),
-                    f"landlock_add_rule {path}",
+                added = _syscall(
+                    SYS_LANDLOCK_ADD_RULE, ctypes.c_int(ruleset), ctypes.c_int(LANDLOCK_RULE_PATH_BENEATH), ctypes.byref(rule), 0
                 )
+                _check(added, f"landlock_add_rule {path}")
             finally:
                 os.close(fd)
-        _check(_libc.syscall(ctypes.c_long(SYS_LANDLOCK_RESTRICT_SELF), ctypes.c_int(ruleset), ctypes.c_uint32(0)), "landlock_restrict_self")
+        _check(_syscall(SYS_LANDLOCK_RESTRICT_SELF, ctypes.c_int(ruleset), ctypes.c_uint32(0)), "landlock_restrict_self")
     finally:
         os.close(ruleset)
 
