@@ -64,6 +64,7 @@ COMPILE_COMMAND = ("g++", "-std=gnu++20", "-O2", "-DONLINE_JUDGE", "-DATCODER", 
 BACKSTOP_S = 20.0  # the host gives up on a runner this long after its own limit should have ended a job
 CASE_HEADROOM_MB = 64  # a case's cgroup: its memory limit plus this (page cache of its output)
 COMPILE_TASKS = 64  # tasks of the compiler's tree (g++, cc1plus, as, ld)
+CASE_TMPFS_MB = 512  # each scratch tmpfs of the compiler or a case under the process backend (charged to its cgroup)
 ALLOCATION_FAILED = ("std::bad_alloc", "Cannot allocate memory", "memory exhausted", "out of memory")
 
 
@@ -343,7 +344,7 @@ class LocalSession:
     """A runner process on this machine (the process backend): pinned to the core that the fewest
     of our runners use, and, when we are root, dropping the program to a fresh unprivileged uid."""
 
-    def __init__(self, slot: int, limits: NativeLimits, layout: Any = None):
+    def __init__(self, slot: int, limits: NativeLimits, layout: Any = None, isolation: dict[str, Any] | None = None):
         from evaluators.sandbox.reaping import SCRATCH_DIRS, acquire_run_uid, keyctl_number, nproc_limit
 
         self.limits = limits
@@ -369,6 +370,9 @@ class LocalSession:
             "scratch": [d for d in SCRATCH_DIRS if d != "/dev/mqueue"] if self.uid is not None else [],
             "case_dir": True,
             "keyctl": keyctl_number() if self.uid is not None else None,  # a session keyring per child
+            # namespaces, Landlock and seccomp for the compiler and each case (isolation.py): the
+            # process backend's shared part (process.isolation) with a tmpfs size for the binary's files
+            "isolation": {**isolation, "tmpfs_mb": CASE_TMPFS_MB} if isolation else None,
         }
         self.stderr = tempfile.TemporaryFile()
         try:

@@ -244,7 +244,8 @@ class ProcessSandbox:
         """Compile a C++ program once and run it on each case (evaluators/sandbox/native.py)."""
         from evaluators.sandbox.native import LocalSession, run_program
 
-        return run_program(lambda slot: LocalSession(slot, limits, self.layout), source, cases, limits, on_case)
+        isolation = self.isolation if (self.isolation["namespaces"] or self.isolation["landlock"] or self.isolation["seccomp"]) else None
+        return run_program(lambda slot: LocalSession(slot, limits, self.layout, isolation), source, cases, limits, on_case)
 
     def _run_in(
         self,
