@@ -11,7 +11,9 @@ to its own core and gives each case's cgroup a quota of one CPU (which, unlike p
 cannot undo), the docker backend gives each slot its own one-CPU container. Under the process
 backend as root each slot has its own uid and gid: its directory, the runner's work directories and
 the binary are root's with access for that gid alone (native_runner.py), so a program of another
-evaluation cannot enter, read or run them.
+evaluation cannot enter, read or run them. The process backend also isolates the compiler and each
+case with namespaces (a fresh /tmp, /dev/shm and System V IPC per case), Landlock and seccomp
+(isolation.py; docs/sandbox.md, Process).
 
 Host memory does not grow with the number of cases: a case's raw output (up to `output_bytes`) is
 judged as that case ends, in one judging thread, and dropped once `on_case` has seen it; only the

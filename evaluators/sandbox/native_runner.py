@@ -25,7 +25,10 @@ when the host names one; oom_score_adj 1000, so that an out-of-memory kill takes
 first; and a wall-clock backstop after which the whole session is killed. Under the process
 backend each case also gets a cgroup made by the host (the message's `cgroup_procs`, joined
 before the uid drop, so the program's whole tree is bounded and its CPU counted, reaped or not) and
-a private directory (`case_dir`: its cwd, HOME and TMPDIR, 0700 and the uid's). The runner waits on
+a private directory (`case_dir`: its cwd, HOME and TMPDIR, 0700 and the uid's), and the compiler and
+each case are isolated (the setup's `isolation`, isolation.py, loaded by its path: new namespaces with
+a read-only host and fresh /tmp, /dev/shm and IPC, Landlock, seccomp), before the uid drop; the child
+the runner started then waits outside the PID namespace and exits as the program does. The runner waits on
 a pidfd, kills the program's process group while its leader is still unreaped, then reaps it with
 wait4 for its CPU time and peak resident memory, and finally kills every process of `uid` (or, when
 not root, every process carrying the run's environment marker), removes the System V IPC objects and

@@ -30,20 +30,23 @@ so a candidate's @s is its own. Evaluations running at once are told apart this 
 directory is another uid's and 0700, and each run's cgroup has a CPU quota (`cpu_quota_missing`
 says when the machine allows none; docs/sandbox.md, "Evaluations running at the same time").
 
+Every candidate is isolated by the operating system first (evaluators/sandbox/isolation.py; the
+harness calls it): as root, new mount, network, IPC, UTS and PID namespaces with a read-only host,
+a fresh tmpfs on /tmp, /var/tmp, /dev/shm and /run/lock, the run's directory bound at its path and
+a passwd entry for its uid; Landlock (execve of the interpreter, the toolchain and its own files
+only) and a seccomp deny-list (built by libseccomp) for everyone. What the kernel lacks is found
+once (`isolation()`, a probe in a fresh process) and said once (`isolation_missing`).
+
 What this backend does NOT isolate (use the docker backend for untrusted models):
 - reading: the candidate can read every world-readable file (this repository and its evaluators
-  included, though it cannot import them) and, as a normal user, everything we can read and write;
-- writing: as root (dropped uid) it can still write world-writable places (/tmp) while it runs,
-  and may share such files with a run that runs at the same time if it makes them readable on
-  purpose; as a normal user nothing it wrote outside its run directory is removed afterwards;
-- the network: sockets are not blocked;
-- as a normal user: processes that leave the process group (setsid) are found by the cgroup, or
-  without one only by an environment marker (`/proc/*/environ`, evaded by a process that re-execs
-  itself with a cleaned environment; RLIMIT_CPU still ends it); RLIMIT_NPROC counts all of our
-  tasks; System V IPC objects are not removed;
+  included, though it cannot import them) and, as a normal user, everything we can read;
+- the kernel: it is shared (seccomp is a deny-list), and so are timing side channels;
+- as a normal user (no namespaces): the network, world-writable places such as /tmp (nothing it
+  wrote outside its run directory is removed afterwards), other processes (those that leave the
+  process group are found by the cgroup, or without one only by an environment marker); RLIMIT_NPROC
+  counts all of our tasks; System V IPC objects are not removed;
 - without a cgroup (only when allowed): memory is bounded per process (RLIMIT_AS), not for the tree;
-- disk: RLIMIT_FSIZE caps each file, not the number of files;
-- the kernel: no namespaces, no seccomp.
+- disk: RLIMIT_FSIZE caps each file, the tmpfs sizes the scratch filesystems, not the run directory.
 """
 
 from __future__ import annotations
