@@ -375,3 +375,40 @@ def test_a_case_finds_nothing_an_earlier_case_left_in_tmp_dev_shm_or_system_v_ip
         ident = libc.shmget(ctypes.c_int(key), ctypes.c_size_t(0), ctypes.c_int(0))
         if ident >= 0:
             libc.shmctl(ident, 0, None)  # IPC_RMID: what the old code let through
+
+
+# -- what the sandbox says when isolation is missing or fails ---------------------------------------
+
+
+def test_a_mechanism_the_kernel_lacks_is_said_once_and_runs_go_on_without_it(monkeypatch, caplog):
+    from evaluators.sandbox import isolation, process
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root (the namespaces)")
+    monkeypatch.setattr(process, "_isolation", None)  # found again, with libseccomp "missing"
+    monkeypatch.setattr(process._warned_isolation, "is_set", lambda: False)
+
+    def no_libseccomp():
+        raise OSError("libseccomp.so.2: cannot open shared object file")
+
+    monkeypatch.setattr(isolation, "seccomp_filter", no_libseccomp)
+    with caplog.at_level("WARNING", logger=process.__name__):
+        box = ProcessSandbox()
+    assert "libseccomp.so.2" in box.isolation_missing.get("seccomp", ""), box.isolation_missing
+    assert any("without seccomp" in r.getMessage() for r in caplog.records), caplog.text
+    out = _run(box, PROCESSES, os.getpid())  # still in its own namespaces
+    assert out["signal"] == "no such process", out
+
+
+def test_isolation_that_fails_is_an_infrastructure_failure_not_a_verdict(monkeypatch):
+    box = _box(None, "process", "namespaces")
+    spec = box._isolation_spec
+
+    def with_a_bind_that_is_gone(*args):
+        made = spec(*args)
+        made["binds"].append(["/nonexistent/discover-test", False])
+        return made
+
+    monkeypatch.setattr(box, "_isolation_spec", with_a_bind_that_is_gone)
+    with pytest.raises(RuntimeError, match="could not isolate the candidate"):
+        box.run("def main(_):\n    return 1\n", "main", None, LIMITS)

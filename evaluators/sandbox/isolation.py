@@ -286,15 +286,18 @@ def enter(spec: dict) -> None:
     """Isolate the calling process (module docstring); returns in the candidate (PID 2 of a new PID
     namespace) only. Raises IsolationError when isolation fails (nothing of the candidate ran)."""
     if not spec.get("namespaces"):
-        _confine(spec)
+        try:
+            _confine(spec)
+        except OSError as err:
+            raise IsolationError(str(err)) from None
         return
     _check(_libc.unshare(ctypes.c_int(NAMESPACES)), "unshare")
-    _set_up_mounts(spec)
-    _check(_libc.sethostname(HOSTNAME, ctypes.c_size_t(len(HOSTNAME))), "sethostname")
     try:
+        _set_up_mounts(spec)
         _loopback_up()
-    except OSError as err:
-        raise IsolationError(f"loopback: {err}") from None
+    except OSError as err:  # a bind's path that is gone, no loopback device, ...
+        raise IsolationError(f"setting up the namespaces: {err}") from None
+    _check(_libc.sethostname(HOSTNAME, ctypes.c_size_t(len(HOSTNAME))), "sethostname")
     read_end, write_end = os.pipe()  # init -> us: "ok" (or why not), then the candidate's wait status
     init = os.fork()
     if init == 0:
