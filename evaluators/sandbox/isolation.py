@@ -53,6 +53,7 @@ LANDLOCK_CREATE_RULESET_VERSION, LANDLOCK_RULE_PATH_BENEATH, LANDLOCK_ACCESS_FS_
 PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 22, 2
 SCRATCH = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/var/lock")  # fresh tmpfs each (symlinks: once)
 HOSTNAME = b"sandbox"
+EXTRA_TASKS = 2  # the waiter outside the PID namespace and its init, in the run's cgroup beside the candidate
 EXIT_ISOLATION_FAILED = 121  # a waiter whose isolation failed after it forked (not reached normally)
 
 # Denied with EPERM by the seccomp filter (where the kernel and this architecture have them): kernel
@@ -352,7 +353,21 @@ def _init(spec: dict, read_end: int, write_end: int) -> None:
 
 TOOLS = ("gcc", "g++", "cc", "c++", "cpp", "as", "ld", "ld.bfd", "ld.gold", "x86_64-linux-gnu-gcc", "x86_64-linux-gnu-g++")
 TOOL_DIRS = ("/usr/lib/gcc", "/usr/libexec/gcc", "/usr/lib/gcc-cross")
+# Inductor hashes its precompiled header with `openssl sha512` and may `objcopy` constants into objects
+PYTHON_EXTRA_TOOLS = ("openssl", "objcopy")
 ELF_INTERPRETERS = ("/lib64/ld-linux-x86-64.so.2", "/lib/ld-linux-aarch64.so.1", "/lib/ld-linux-x86-64.so.2")
+
+
+def hidden_by_scratch(paths) -> list[str]:
+    """Those of `paths` (directories that exist) that a fresh scratch tmpfs would hide (a virtual
+    environment under /tmp, say): to be bound read-only at their own paths."""
+    tops = [os.path.realpath(t) for t in SCRATCH]
+    found = set()
+    for path in paths:
+        real = os.path.realpath(path)
+        if os.path.isdir(real) and any(real == t or real.startswith(t + "/") for t in tops):
+            found.add(real)
+    return sorted(found)
 
 
 def loaders() -> list[str]:
@@ -370,14 +385,18 @@ def toolchain(path: str = "/usr/local/bin:/usr/bin:/bin") -> list[str]:
 def python_tools() -> list[str]:
     """What a Python candidate may execute besides its own files: this interpreter (multiprocessing
     re-executes it), /bin/sh, ldconfig (ctypes.util and Triton look libraries up with it), the C/C++
-    toolchain (torch.compile builds C++ on the CPU; Triton builds its launchers) and Triton's own
-    binaries (ptxas), plus the dynamic loaders."""
+    toolchain (torch.compile builds C++ on the CPU; Triton builds its launchers), PYTHON_EXTRA_TOOLS
+    and Triton's own binaries (ptxas), plus the dynamic loaders."""
     import importlib.util
 
     found = {os.path.realpath(sys.executable), os.path.realpath("/bin/sh")}
     for tool in ("/sbin/ldconfig", "/usr/sbin/ldconfig"):
         if os.path.exists(tool):
             found.add(os.path.realpath(tool))
+    for tool in PYTHON_EXTRA_TOOLS:
+        where = shutil.which(tool, path="/usr/local/bin:/usr/bin:/bin")
+        if where:
+            found.add(os.path.realpath(where))
     try:
         spec = importlib.util.find_spec("triton")
     except (ImportError, ValueError):

@@ -60,6 +60,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from evaluators.sandbox.isolation import EXTRA_TASKS
+
 RUNNER = Path(__file__).with_name("native_runner.py")
 # The AtCoder command line of docs/method.md §5b ({src} and {out} are filled in by the runner).
 COMPILE_COMMAND = ("g++", "-std=gnu++20", "-O2", "-DONLINE_JUDGE", "-DATCODER", "-o", "{out}", "{src}")
@@ -416,7 +418,7 @@ class LocalSession:
         if "source" not in setup or self.layout is None:
             self._send({**setup, **self.common})
             return self.reader.read(timeout)
-        with self._cgroup(self.limits.compile_memory_mb, COMPILE_TASKS) as group:  # the compiler's tree too
+        with self._cgroup(self.limits.compile_memory_mb, COMPILE_TASKS + EXTRA_TASKS) as group:  # the compiler's tree too
             self._send({**setup, **self.common, "cgroup_procs": group.procs_files})
             return self.reader.read(timeout)
 
@@ -424,7 +426,8 @@ class LocalSession:
         if self.layout is None:
             self._send({"kind": "case", "index": index, "input": text})
             return self.reader.read(timeout)
-        with self._cgroup(self.limits.memory_mb + CASE_HEADROOM_MB, self.limits.max_processes) as group:
+        tasks = self.limits.max_processes + (EXTRA_TASKS if self.common["isolation"] and self.common["isolation"]["namespaces"] else 0)
+        with self._cgroup(self.limits.memory_mb + CASE_HEADROOM_MB, tasks) as group:
             self._send({"kind": "case", "index": index, "input": text, "cgroup_procs": group.procs_files})
             raw = self.reader.read(timeout)
             group.kill()  # anything the runner could not find (it kills by uid or marker)

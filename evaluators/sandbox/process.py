@@ -67,6 +67,7 @@ from typing import Any
 
 from evaluators.sandbox.base import DATA_ENV, BackendRefused, SandboxLimits, SandboxResult, tmpfs_mb
 from evaluators.sandbox.cgroups import Layout, RunCgroup, available, cpu_quota_missing
+from evaluators.sandbox.isolation import EXTRA_TASKS
 from evaluators.sandbox.reaping import (
     MARKER_VAR,
     acquire_run_uid,
@@ -278,7 +279,9 @@ class ProcessSandbox:
         group = None
         try:
             if self.layout is not None:
-                group = RunCgroup(self.layout, limits.memory_mb, limits.max_processes, cpus=max(1, limits.cpus))
+                # the candidate's tasks, and the waiter and init of its PID namespace (isolation.py)
+                tasks = limits.max_processes + (EXTRA_TASKS if self.isolation["namespaces"] else 0)
+                group = RunCgroup(self.layout, limits.memory_mb, tasks, cpus=max(1, limits.cpus))
                 job["cgroup_procs"] = group.procs_files  # the harness joins it before dropping to `uid`
             if uid is not None:
                 job["uid"] = job["gid"] = uid
@@ -304,6 +307,9 @@ class ProcessSandbox:
         if not (shared["namespaces"] or shared["landlock"] or shared["seccomp"]):
             return None
         binds = [[str(workdir), True]] + ([[str(Path(data_dir).resolve()), False]] if data_dir is not None else [])
+        if shared["namespaces"]:  # the interpreter and its import path, should they live under /tmp
+            interpreter = [os.path.dirname(os.path.realpath(sys.executable)), sys.prefix, sys.base_prefix]
+            binds += [[path, False] for path in iso.hidden_by_scratch([*candidate_sys_path(), *interpreter])]
         private = [str(workdir), *iso.SCRATCH] if shared["namespaces"] else [str(workdir)]
         return {
             "namespaces": shared["namespaces"],
