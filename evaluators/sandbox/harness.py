@@ -74,13 +74,18 @@ def _isolate(spec: dict) -> bool:
     module_spec = importlib.util.spec_from_file_location("_discover_isolation", path)
     isolation = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(isolation)
+    # The run directory as it is now: a failure half-way leaves us in new mounts, our cwd read-only.
+    here = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         isolation.enter(spec)
     except isolation.IsolationError as err:
-        with open(ISOLATION_FAILED, "w", encoding="utf-8") as f:
+        fd = os.open(ISOLATION_FAILED, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644, dir_fd=here)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(str(err))
         print(f"the sandbox could not isolate the candidate: {err}", file=sys.stderr, flush=True)
         return False
+    finally:
+        os.close(here)  # never left to the candidate: it opens the host's view of the run directory
     return True
 
 
