@@ -115,8 +115,8 @@ def _find_isolation() -> tuple[dict[str, Any], dict[str, str]]:
     missing: dict[str, str] = {}
     try:
         bpf: str | None = base64.b64encode(iso.seccomp_filter()).decode()
-    except (ImportError, OSError, RuntimeError, ValueError) as err:  # no libseccomp (pip install pyseccomp; apt libseccomp2)
-        bpf, missing["seccomp"] = None, f"the seccomp filter cannot be built: {err}"
+    except (ImportError, OSError, RuntimeError, ValueError) as err:  # no libseccomp.so.2 for pyseccomp to load
+        bpf, missing["seccomp"] = None, f"the seccomp filter cannot be built ({err}): install libseccomp2 (libseccomp.so.2)"
     root = os.geteuid() == 0
     if not root:
         missing["namespaces"] = "not root: namespaces and mounts need CAP_SYS_ADMIN"
