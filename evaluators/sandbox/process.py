@@ -101,7 +101,7 @@ def isolation() -> tuple[dict[str, Any], dict[str, str]]:
     """(what every run's isolation spec shares, {mechanism: why it is missing here}), found once per
     process: namespaces (root only), Landlock and seccomp are each tried on a child that exits at
     once (isolation.probe, in a fresh process). The shared part: "namespaces" (bool), "seccomp" (the
-    filter's BPF, base64, or None), "landlock" (bool)."""
+    filter's BPF, base64, or None), "landlock" (bool), "python_tools" (isolation.python_tools)."""
     global _isolation
     with _isolation_lock:
         if _isolation is None:
@@ -143,6 +143,7 @@ def _find_isolation() -> tuple[dict[str, Any], dict[str, str]]:
         "namespaces": "namespaces" not in missing,
         "seccomp": bpf if "seccomp" not in missing else None,
         "landlock": "landlock" not in missing,
+        "python_tools": trial["exec"],  # what a Python run may execute besides its own files
     }
     return shared, missing
 
@@ -316,7 +317,7 @@ class ProcessSandbox:
             "tmpfs_mb": tmpfs_mb(limits),
             "binds": binds,
             "user": {"uid": uid, "gid": uid, "home": str(workdir)} if uid is not None else None,
-            "exec": iso.python_tools() + private if shared["landlock"] else None,
+            "exec": shared["python_tools"] + private if shared["landlock"] else None,
             "seccomp": shared["seccomp"],
         }
 
