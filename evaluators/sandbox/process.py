@@ -136,9 +136,7 @@ def _find_isolation() -> tuple[dict[str, Any], dict[str, str]]:
     except (OSError, subprocess.SubprocessError, ValueError) as err:
         found = {name: f"the probe failed: {err}" for name in ("namespaces", "landlock", "seccomp")}
     for name, why in found.items():
-        missing.setdefault(name, why)
-    if not root:
-        missing["namespaces"] = "not root: namespaces and mounts need CAP_SYS_ADMIN"
+        missing.setdefault(name, why)  # the reasons found above stay
     shared = {
         "namespaces": "namespaces" not in missing,
         "seccomp": bpf if "seccomp" not in missing else None,
