@@ -412,3 +412,23 @@ def test_isolation_that_fails_is_an_infrastructure_failure_not_a_verdict(monkeyp
     monkeypatch.setattr(box, "_isolation_spec", with_a_bind_that_is_gone)
     with pytest.raises(RuntimeError, match="could not isolate the candidate"):
         box.run("def main(_):\n    return 1\n", "main", None, LIMITS)
+
+
+def test_what_a_candidate_leaves_running_dies_with_its_namespace():
+    """A grandchild in a session of its own, still sleeping when the candidate returns (a guard: the
+    clean-up by uid ended it before namespaces too)."""
+    from evaluators.sandbox.reaping import uid_pids
+
+    box = _box(None, "process", "namespaces")
+    program = (
+        "import os, time\n"
+        "def main(_):\n"
+        "    if os.fork() == 0:\n"
+        "        os.setsid()\n"
+        "        if os.fork() == 0:\n"
+        "            time.sleep(1000)\n"
+        "        os._exit(0)\n"
+        "    return os.getuid()\n"
+    )
+    uid = _run(box, program)
+    assert uid_pids(uid) == [], f"processes of the run's uid {uid} outlived it"
