@@ -39,8 +39,9 @@ Your output is rejected (reward 0) unless
 Then the reward is 1 / MSE, with the MSE taken no lower than that of your output brought to the
 initial MAGIC program's sharpness: q*, the power that maximises the count-scale likelihood of
 D ** q, is found for D and for MAGIC, and D ** (q*(D) / q*(MAGIC)) is scored too (raising D to any
-power changes nothing in that figure; the reward is 1 / max(MSE of D, MSE of that)). It is also rejected if it holds NaN or inf, a negative or subnormal
-value, a value above sum(X), is all zero, or has another shape than X.
+power changes nothing in that figure; the reward is 1 / max(MSE of D, MSE of that)). It is also
+rejected if it holds NaN or inf, a negative or subnormal value, a value above sum(X), is all zero,
+or has another shape than X.
 
 What is known to work: diffusion over a graph of similar cells (MAGIC) with the "reversed"
 normalisation order (square root of the counts first, then divide each cell by its total, and
