@@ -8,7 +8,7 @@ a reference for the seed, ALRA (programs/alra.py, our code, sqrt norm, reversed 
 rejected by the likelihood rule), the MAGIC seed's output raised to the power 1.5 (sharpened: a
 lower MSE, rejected by the likelihood rule), and the MAGIC seed mixed with 10% of each cell's own profile
 and 5% of the gene means, raised to the power 1.12 (valid under the likelihood rule; the calibration rule
-scores it at the MAGIC seed's sharpness).
+scores it flattened to the MAGIC seed's sharpness).
 Exits 1 unless the MAGIC seed beats no denoising (lower MSE and Poisson, positive score).
 
     .venv/bin/python benchmarks/denoising.py [--sandbox auto|process|docker] [--seeds 42 0 1]
@@ -127,8 +127,8 @@ def main() -> int:
     print(
         f"\ncount P, /MAGIC, AUC0: normalised count-scale Poisson, its share of the MAGIC seed's (run on the host), "
         f"and dropout AUC, our validity rules (>= {COUNT_POISSON_MIN}, >= {LIKELIHOOD_SHARE}, >= {DROPOUT_AUC_MIN}; "
-        "docs/method.md §5d); q*, cal MSE: the power that maximises the count-scale likelihood and the MSE at the "
-        "MAGIC seed's q*, the calibration rule (reward 1 / max(MSE, cal MSE))."
+        "docs/method.md §5d); q*, cal MSE: the power that maximises the count-scale likelihood and the MSE flattened "
+        "to the MAGIC seed's q* where sharper, the calibration rule (reward 1 / max(MSE, cal MSE))."
     )
     print(f"Published on PBMC 1k (method paper, Table 7): {PUBLISHED}.")
     print("MAGIC seed beats no denoising on every split:", "yes" if magic_beats_none else "NO")

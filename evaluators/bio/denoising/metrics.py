@@ -29,9 +29,10 @@ acceptance and reward.
 - The calibration rule (docs/method.md §5d "The calibration rule"): an output that passes the likelihood rule
   can still spend likelihood it gained elsewhere (a little of the gene means or of each cell's own profile
   mixed into MAGIC) on sharpening. The power `q*` that maximises the output's count-scale likelihood
-  (`calibration_power`) says how sharp it is: raising an output to the power p divides its `q*` by p. The
-  output is also scored at MAGIC's sharpness, raised to `q*(D) / q*(MAGIC seed)`, and the reward is
-  1 / max(MSE, that MSE): a sharpening, of any output by any power, earns nothing; the MAGIC seed is unchanged.
+  (`calibration_power`) says how sharp it is: raising an output to the power p divides its `q*` by p. An
+  output sharper than the MAGIC seed is also scored flattened to MAGIC's sharpness, raised to
+  `q*(D) / q*(MAGIC seed)`, and the reward is 1 / max(MSE, that MSE): sharpening any output beyond MAGIC's
+  sharpness, by any power, earns nothing; the MAGIC seed, and any output no sharper, is scored as before.
 - And the dropout rule (docs/method.md §5d "The dropout rule"): among the entries whose train
   count is 0, the output must rank those that hold held-out molecules above those that do not
   (AUC >= DROPOUT_AUC_MIN). Any function of each entry's own train count (the input scaled,
@@ -121,11 +122,12 @@ def calibration_power(test: np.ndarray, denoised: np.ndarray) -> float:
 
 
 def calibrated_mse(test: np.ndarray, denoised: np.ndarray, magic_power: float) -> tuple[float, float]:
-    """docs/method.md §5d calibration rule: (q*(D), the MSE of D raised to q*(D) / q*(MAGIC seed)): the output at
-    the MAGIC seed's sharpness. For D = S ** p the power is q*(S) / p and the output scored is S ** (q*(S) /
-    q*(MAGIC seed)), whatever p; for the MAGIC seed it is the MAGIC seed."""
+    """docs/method.md §5d calibration rule: (q*(D), the MSE of D raised to min(1, q*(D) / q*(MAGIC seed))): the
+    output flattened to the MAGIC seed's sharpness where it is sharper. For D = S ** p sharper than MAGIC the power
+    is q*(S) / p and the output scored is S ** (q*(S) / q*(MAGIC seed)), whatever p; an output no sharper than
+    MAGIC (the MAGIC seed included) is scored as it is."""
     power = calibration_power(test, denoised)
-    exponent = power / magic_power
+    exponent = min(1.0, power / magic_power)
     return power, mse(test, denoised if abs(exponent - 1.0) <= SAME_SHARPNESS else powered(denoised, exponent))
 
 
@@ -285,5 +287,5 @@ def judge(split: Split, baselines: Baselines, value: object) -> EvalResult:
 
 def reward_of(metrics: dict[str, float]) -> float:
     """The reward of a valid output: the released code's 1 / MSE, with the MSE taken no lower than the output's MSE
-    at the MAGIC seed's sharpness (docs/method.md §5d calibration rule)."""
+    flattened to the MAGIC seed's sharpness (docs/method.md §5d calibration rule)."""
     return 1.0 / max(metrics["mse"], metrics["mse_calibrated"], MSE_FLOOR)

@@ -12,7 +12,7 @@ One evaluation:
 3. here, outside the candidate's process: the bytes are decoded without pickle, header first
    (npy.py), checked, scored (metrics.py), accepted if the normalised Poisson is in [0.97, 1] and
    the count-scale, likelihood and dropout rules hold, and rewarded 1 / MSE, the MSE taken no lower
-   than the output's at the MAGIC seed's sharpness (the calibration rule). The references of the
+   than the output's flattened to the MAGIC seed's sharpness (the calibration rule). The references of the
    likelihood and calibration rules, the MAGIC seed's count-scale figure and calibration power, are
    computed here once per split (step 1).
 
@@ -225,7 +225,7 @@ class DenoisingProblem(BaseProblem):
                 )
                 + (f", dropout AUC {construction['dropout_auc']:.4f}" if "dropout_auc" in construction else "")
                 + (
-                    f", MSE at the MAGIC seed's sharpness {construction['mse_calibrated']:.6f} (calibration power "
+                    f", MSE flattened to the MAGIC seed's sharpness {construction['mse_calibrated']:.6f} (calibration power "
                     f"{construction['calibration_power']:.4f})"
                     if "mse_calibrated" in construction
                     else ""

@@ -80,7 +80,7 @@ def report_sections(prepared: Any, states: Sequence[ArchivedState]) -> list[Repo
         "Reward: 1 / MSE when the normalised Poisson is in [0.97, 1] (the published gate) and the "
         f"normalised count-scale Poisson is at least {COUNT_POISSON_MIN} and {LIKELIHOOD_SHARE} x the MAGIC seed's "
         f"({prepared.baselines.count_poisson_magic:.4f} on this split) and the dropout AUC at least {DROPOUT_AUC_MIN} "
-        "(ours, docs/method.md §5d), else 0; the MSE is taken no lower than the output's at the MAGIC seed's "
+        "(ours, docs/method.md §5d), else 0; the MSE is taken no lower than the output's flattened to the MAGIC seed's "
         f"sharpness (calibration power {prepared.baselines.calibration_power_magic:.4f} on this split; the calibration rule). "
         "MSE and Poisson: lower is better; normalised values and score: higher. "
         f"Published scores on PBMC 1k (method paper, Table 7): {PUBLISHED}; another dataset and size, "
