@@ -347,14 +347,20 @@ def nll(H, D):
     return float(np.mean(L - H * np.log(L + 1e-6)))
 
 
+def profile_nll(H, D):
+    rows = D.sum(axis=1, keepdims=True)
+    L = D * (H.sum(axis=1, keepdims=True) / np.where(rows > 0, rows, 1.0))
+    return float(np.mean(L - H * np.log(L + 1e-6)))
+
+
 def powered(D, q):
     pos = D > 0
     logs = np.log(np.where(pos, D, 1.0))
-    return np.where(pos, np.exp(q * (logs - logs[pos].max())), 0.0)
+    return np.where(pos, np.exp(q * (logs - logs.max(axis=1, keepdims=True))), 0.0)
 
 
 def qstar(H, D):
-    return minimize_scalar(lambda q: nll(H, powered(D, q)), bounds=(0.05, 5.0), method="bounded").x
+    return minimize_scalar(lambda q: profile_nll(H, powered(D, q)), bounds=(0.05, 5.0), method="bounded").x
 
 
 def mix(M, X, a, g):
@@ -440,6 +446,17 @@ def test_a_power_beyond_the_magic_seeds_sharpness_earns_nothing(problem, honest,
         assert raised.reward in (0.0, pytest.approx(1.0 / raised.metrics["mse"], rel=1e-12))
     if shape == "MAGIC":
         assert raised.reward <= honest * (1.0 + 1e-5), raised.metrics
+
+
+def test_scaling_the_rows_changes_nothing_in_the_calibration_rule(problem) -> None:
+    """The MSE sees each cell's profile only, and so does the calibration rule: rows rescaled at will (to push the
+    likelihood's best power towards 1) leave its power and its MSE as they were."""
+    split = problem.prepared().split
+    S = run_program("magic", split) ** 1.2
+    rows = np.random.default_rng(0).lognormal(0.0, 1.0, size=(S.shape[0], 1))
+    base, scaled = problem.score_output(S), problem.score_output(S * rows)
+    assert scaled.metrics["calibration_power"] == pytest.approx(base.metrics["calibration_power"], rel=1e-5)
+    assert scaled.metrics["mse_calibrated"] == pytest.approx(base.metrics["mse_calibrated"], rel=1e-9)
 
 
 @pytest.mark.parametrize("name", ["magic", "magic_impute"])

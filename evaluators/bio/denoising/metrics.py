@@ -28,11 +28,12 @@ acceptance and reward.
   LIKELIHOOD_SHARE of the MAGIC seed's on the same split (computed here, in Baselines.of).
 - The calibration rule (docs/method.md §5d "The calibration rule"): an output that passes the likelihood rule
   can still spend likelihood it gained elsewhere (a little of the gene means or of each cell's own profile
-  mixed into MAGIC) on sharpening. The power `q*` that maximises the output's count-scale likelihood
-  (`calibration_power`) says how sharp it is: raising an output to the power p divides its `q*` by p. An
-  output sharper than the MAGIC seed is also scored flattened to MAGIC's sharpness, raised to
-  `q*(D) / q*(MAGIC seed)`, and the reward is 1 / max(MSE, that MSE): sharpening any output beyond MAGIC's
-  sharpness, by any power, earns nothing; the MAGIC seed, and any output no sharper, is scored as before.
+  mixed into MAGIC) on sharpening. The power `q*` that maximises the likelihood of the held-out counts under the
+  output's per-cell profiles (`calibration_power`, `profile_poisson`: what the MSE sees) says how sharp it is:
+  raising an output to the power p divides its `q*` by p, scaling its rows changes nothing. An output sharper
+  than the MAGIC seed is also scored flattened to MAGIC's sharpness, raised to `q*(D) / q*(MAGIC seed)`, and the
+  reward is 1 / max(MSE, that MSE): sharpening any output beyond MAGIC's sharpness, by any power, earns nothing;
+  the MAGIC seed, and any output no sharper, is scored as before.
 - And the dropout rule (docs/method.md §5d "The dropout rule"): among the entries whose train
   count is 0, the output must rank those that hold held-out molecules above those that do not
   (AUC >= DROPOUT_AUC_MIN). Any function of each entry's own train count (the input scaled,
@@ -64,7 +65,7 @@ LIKELIHOOD_SHARE = (
 CALIBRATION_POWERS = (
     0.05,
     5.0,
-)  # docs/method.md §5d calibration rule: the powers searched for the one that maximises the count-scale likelihood
+)  # docs/method.md §5d calibration rule: the powers searched for the one that maximises the profile likelihood
 CALIBRATION_TOLERANCE = 1e-7  # ... to this absolute precision (the likelihood is convex in the power)
 SAME_SHARPNESS = 1e-6  # ... a ratio q*(D) / q*(MAGIC seed) this close to 1 is 1: the search's precision, so that the
 # MAGIC seed run elsewhere (other BLAS, last bits apart) keeps its 1 / MSE exactly
@@ -98,22 +99,32 @@ def count_poisson(test: np.ndarray, denoised: np.ndarray) -> float:
 
 
 def powered(denoised: np.ndarray, power: float) -> np.ndarray:
-    """docs/method.md §5d calibration rule: D ** power on the positive entries (0 stays 0), divided by max(D) ** power
-    (the count-scale likelihood and the MSE ignore the overall factor; dividing keeps every power in float range)."""
+    """docs/method.md §5d calibration rule: D ** power on the positive entries (0 stays 0), each row divided by its
+    largest entry ** power (the rule and the MSE see each row's profile only; dividing keeps every power in range)."""
     positive = denoised > 0
-    logs = np.log(np.where(positive, denoised, 1.0))
-    return np.where(positive, np.exp(power * (logs - logs[positive].max(initial=0.0))), 0.0)
+    logs = np.where(positive, np.log(np.where(positive, denoised, 1.0)), -np.inf)
+    top = logs.max(axis=1, keepdims=True)
+    return np.where(positive, np.exp(power * (logs - np.where(np.isfinite(top), top, 0.0))), 0.0)
+
+
+def profile_poisson(test: np.ndarray, denoised: np.ndarray) -> float:
+    """docs/method.md §5d calibration rule: mean(L - T ln(L + 1e-6)) with L each row of D scaled to that row's held-out
+    total: the Poisson negative log-likelihood of the held-out counts under the output's per-cell profiles, which are
+    all the MSE sees (a row of D that is all zero predicts nothing)."""
+    rows = denoised.sum(axis=1, keepdims=True)
+    rate = denoised * (test.sum(axis=1, keepdims=True) / np.where(rows > 0, rows, 1.0))
+    return float(np.mean(rate - test * np.log(rate + POISSON_EPS)))
 
 
 def calibration_power(test: np.ndarray, denoised: np.ndarray) -> float:
-    """docs/method.md §5d calibration rule: q* = argmin over q in CALIBRATION_POWERS of count_poisson(T, D ** q).
-    count_poisson(T, D ** q) = const - q sum(T ln D) + sum(T) ln sum(D ** q) (up to the 1e-6) is convex in q,
-    so the bounded search finds the one minimum; q*(D ** p) = q*(D) / p exactly."""
+    """docs/method.md §5d calibration rule: q* = argmin over q in CALIBRATION_POWERS of profile_poisson(T, D ** q).
+    Up to the 1e-6 it is a constant - q sum(T ln D) + sum_i T_i ln sum_j D_ij ** q, convex in q, so the bounded search
+    finds the one minimum; q*(D ** p) = q*(D) / p exactly, and scaling the rows of D changes nothing."""
     from scipy.optimize import minimize_scalar
 
     low, high = CALIBRATION_POWERS
     found = minimize_scalar(
-        lambda q: count_poisson(test, powered(denoised, q)),
+        lambda q: profile_poisson(test, powered(denoised, q)),
         bounds=(low, high),
         method="bounded",
         options={"xatol": CALIBRATION_TOLERANCE},
