@@ -11,12 +11,15 @@ benchmarks/toy_learning.py:
 Every arm samples steps x groups x rollouts_per_group completions per seed.
 
 Printed, per arm: the best reward a rollout reached (seeds excluded) per seed, the valid fraction
-and the mean reward by step (means over seeds), wall time; and for the TTT arm the mean
+and the mean reward by step (means over seeds), wall time; per arm, seed and step the best and
+mean reward, the valid fraction and the groups with a reward signal (`train/groups_with_signal`:
+the groups whose rewards are not all equal, the only ones the objective learns from; an arm
+without training counts them too); and for the TTT arm the mean
 |sampler - learner| log-probability gap of each training step (train/logprob_gap). The picture
 (mean reward and valid fraction by step, one line per arm) goes to --plot.
 
     .venv/bin/python benchmarks/real_model.py [--seeds 0 1 2] [--steps 4] [--groups 1]
-        [--rollouts 4] [--answer-tokens 320] [--config configs/smollm2-circles.yaml]
+        [--rollouts 4] [--answer-tokens 320] [--config configs/smollm2-circles.yaml] [--answer-format edits]
         [--out runs/bench-real] [--plot docs/plots/real_model_circles.png] [--fresh]
 
 A killed benchmark started again with the same arguments resumes: each arm's run directory is a
@@ -42,7 +45,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from toy_learning import ARMS, arm_config  # noqa: E402 - benchmarks/ is this script's folder
+from answer_formats import EDITS_PREFIX  # noqa: E402 - benchmarks/ is this script's folder
+from toy_learning import ARMS, arm_config  # noqa: E402
 
 
 def _mean(xs: list[float | None]) -> float | None:
@@ -84,6 +88,12 @@ def main() -> int:
     parser.add_argument("--rollouts", type=int, default=4, help="rollouts per group")
     parser.add_argument("--answer-tokens", type=int, default=320)
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    parser.add_argument(
+        "--answer-format",
+        choices=["program", "edits"],
+        default=None,
+        help="sampling.answer_format (default: the configuration's); edits starts every answer with '<<<<<<< SEARCH'",
+    )
     parser.add_argument("--config", type=Path, default=ROOT / "configs" / "smollm2-circles.yaml")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "bench-real")
     parser.add_argument("--plot", type=Path, default=ROOT / "docs" / "plots" / "real_model_circles.png")
@@ -106,6 +116,10 @@ def main() -> int:
     base = yaml.safe_load(args.config.read_text())
     base.update(groups=args.groups, rollouts_per_group=args.rollouts)
     base.setdefault("sampling", {})["max_answer_tokens"] = args.answer_tokens
+    if args.answer_format is not None:
+        base["sampling"]["answer_format"] = args.answer_format
+        if args.answer_format == "edits":
+            base["sampling"]["answer_prefix"] = EDITS_PREFIX
     if args.fresh:
         shutil.rmtree(args.out, ignore_errors=True)
     records: dict[tuple[str, int], list[dict]] = {}
@@ -142,6 +156,20 @@ def main() -> int:
     print("|---|" + "---:|" * args.steps)
     for arm, series in per_step.items():
         print(f"| {arm} | " + " | ".join(f"{_fmt(v, 2)} / {_fmt(m, 3)}" for v, m in zip(series["valid"], series["mean"])) + " |")
+    print(
+        "\nPer seed and step: best / mean reward of the step's rollouts, valid fraction, groups with a reward signal "
+        "(rewards not all equal: train/groups_with_signal, of --groups)"
+    )
+    print("\n| arm | seed | " + " | ".join(f"step {t}" for t in range(args.steps)) + " |")
+    print("|---|---:|" + "---|" * args.steps)
+    for arm in args.arms:
+        for s in args.seeds:
+            cells = [
+                f"{_fmt(r['reward/max'], 4)} / {_fmt(r['reward/mean'], 3)}, {_fmt(r['reward/valid_fraction'], 2)}, "
+                f"{_signal(r.get('train/groups_with_signal'))}/{args.groups}"
+                for r in records[(arm, s)]
+            ]
+            print(f"| {arm} | {s} | " + " | ".join(cells) + " |")
     if "ttt" in args.arms:
         gaps = [[records[("ttt", s)][t].get("train/logprob_gap") for s in args.seeds] for t in range(args.steps)]
         print(f"\nTTT: mean |sampler - learner| log-probability gap per completion token, by step (seeds {args.seeds}):")
@@ -151,6 +179,10 @@ def main() -> int:
     (args.out / "results.json").write_text(json.dumps({f"{a}/{s}": r for (a, s), r in records.items()}, indent=1))
     print(f"\npicture: {args.plot}; per-step records: {args.out / 'results.json'}")
     return 0
+
+
+def _signal(groups: float | None) -> str:
+    return "–" if groups is None else str(int(groups))
 
 
 def _wall_seconds(run_dir: Path, elapsed: float) -> float:
