@@ -27,7 +27,8 @@ discovery run, finished runs return at once and an unfinished one resumes at its
 task (--fresh starts over); the wall time of a run adds up over the invocations. Seeds can run as
 separate processes at once (`--seeds 0` and `--seeds 1` with the same --out), then a last
 invocation with all the seeds prints the table from the finished runs (--report-only: from the runs
-as they are, running nothing).
+as they are, running nothing; a run not there is reported as not run, an unfinished one by its
+finished steps).
 """
 
 from __future__ import annotations
@@ -128,12 +129,15 @@ def main() -> int:
         for arm in args.arms:
             cfg = parse_config(arm_config(base, arm, seed, args.steps, args.out))
             t0 = time.time()
+            if args.report_only and not (Path(cfg.run_dir) / "run.json").is_file():
+                records[(arm, seed)] = []  # not run (yet): its cells say so
+                print(f"seed {seed} {arm:>10}: not run", flush=True)
+                continue
             if not args.report_only:
                 discovery_run(config=cfg)
             seconds[arm] += _wall_seconds(Path(cfg.run_dir), 0.0 if args.report_only else time.time() - t0)
             records[(arm, seed)] = [rec for _, rec in run_metrics(Run.open(cfg.run_dir))]
-            best = max((r["reward/max"] or 0.0) for r in records[(arm, seed)])
-            print(f"seed {seed} {arm:>10}: best rollout {best:.4f} ({time.time() - t0:.0f} s)", flush=True)
+            print(f"seed {seed} {arm:>10}: best rollout {_fmt(_best(records[(arm, seed)]), 4)} ({time.time() - t0:.0f} s)", flush=True)
 
     budget = args.groups * args.rollouts * args.steps
     problem = base["problem"]
@@ -145,11 +149,11 @@ def main() -> int:
     print("|---|" + "---:|" * (len(args.seeds) + 2))
     per_step: dict[str, dict[str, list[float | None]]] = {}
     for arm in args.arms:
-        bests = [max((r["reward/max"] or 0.0) for r in records[(arm, s)]) for s in args.seeds]
+        bests = [_best(records[(arm, s)]) for s in args.seeds]
         seed_best = _mean([_seed_best(args.out, arm, s) for s in args.seeds])
-        print(f"| {arm} | " + " | ".join(f"{b:.4f}" for b in bests) + f" | {_fmt(seed_best, 4)} | {seconds[arm] / 60:.1f} min |")
+        print(f"| {arm} | " + " | ".join(_fmt(b, 4) for b in bests) + f" | {_fmt(seed_best, 4)} | {seconds[arm] / 60:.1f} min |")
         per_step[arm] = {
-            key: [_mean([records[(arm, s)][t][metric] for s in args.seeds]) for t in range(args.steps)]
+            key: [_mean([_at(records[(arm, s)], t, metric) for s in args.seeds]) for t in range(args.steps)]
             for key, metric in (("mean", "reward/mean"), ("valid", "reward/valid_fraction"))
         }
     print("\n| arm | " + " | ".join(f"step {t}: valid / mean" for t in range(args.steps)) + " |")
@@ -168,10 +172,10 @@ def main() -> int:
                 f"{_fmt(r['reward/max'], 4)} / {_fmt(r['reward/mean'], 3)}, {_fmt(r['reward/valid_fraction'], 2)}, "
                 f"{_signal(r.get('train/groups_with_signal'))}/{args.groups}"
                 for r in records[(arm, s)]
-            ]
+            ] + ["–"] * (args.steps - len(records[(arm, s)]))
             print(f"| {arm} | {s} | " + " | ".join(cells) + " |")
     if "ttt" in args.arms:
-        gaps = [[records[("ttt", s)][t].get("train/logprob_gap") for s in args.seeds] for t in range(args.steps)]
+        gaps = [[_at(records[("ttt", s)], t, "train/logprob_gap") for s in args.seeds] for t in range(args.steps)]
         print(f"\nTTT: mean |sampler - learner| log-probability gap per completion token, by step (seeds {args.seeds}):")
         print("  " + ", ".join(f"step {t}: " + "/".join("–" if g is None else f"{g:.2e}" for g in gs) for t, gs in enumerate(gaps)))
     title = f"{base['model']['name']} on {problem}, {budget} samples per arm and seed, mean over seeds {args.seeds}"
@@ -179,6 +183,16 @@ def main() -> int:
     (args.out / "results.json").write_text(json.dumps({f"{a}/{s}": r for (a, s), r in records.items()}, indent=1))
     print(f"\npicture: {args.plot}; per-step records: {args.out / 'results.json'}")
     return 0
+
+
+def _best(records: list[dict]) -> float | None:
+    """The best reward a rollout of the run reached (invalid = 0); None for a run not there."""
+    return max((r["reward/max"] or 0.0) for r in records) if records else None
+
+
+def _at(records: list[dict], step: int, metric: str) -> float | None:
+    """A step's metric, None when the run has not reached that step (--report-only on an unfinished benchmark)."""
+    return records[step].get(metric) if step < len(records) else None
 
 
 def _signal(groups: float | None) -> str:
