@@ -47,7 +47,7 @@ class ChatFormat:
         """
         if self.family == "plain":
             ids = [int(t) for t in tokenizer.encode(text, add_special_tokens=False)]
-            # a base model trained with a beginning-of-sequence token (Gemma) degrades without it
+            # as the tokenizer would add it (Gemma: <bos>); GPT-2-style tokenizers add none
             if getattr(tokenizer, "add_bos_token", False) and tokenizer.bos_token_id is not None:
                 ids = [int(tokenizer.bos_token_id), *ids]
             return ids
