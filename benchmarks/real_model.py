@@ -13,8 +13,10 @@ Every arm samples steps x groups x rollouts_per_group completions per seed.
 Printed, per arm: the best reward a rollout reached (seeds excluded) per seed, the valid fraction
 and the mean reward by step (means over seeds), wall time; per arm, seed and step the best and
 mean reward, the valid fraction and the groups with a reward signal (`train/groups_with_signal`:
-the groups whose rewards are not all equal, the only ones the objective learns from; an arm
-without training counts them too); and for the TTT arm the mean
+the groups with a non-zero advantage under the arm's objective, the only ones it learns from; 0 for
+the arms without training; under the adaptive entropic objective a group whose best reward is
+shared by half or more of its rollouts has none, since its KL target ln 2 is then out of reach,
+docs/method.md §2); and for the TTT arm the mean
 |sampler - learner| log-probability gap of each training step (train/logprob_gap). The picture
 (mean reward and valid fraction by step, one line per arm) goes to --plot.
 
@@ -162,7 +164,7 @@ def main() -> int:
         print(f"| {arm} | " + " | ".join(f"{_fmt(v, 2)} / {_fmt(m, 3)}" for v, m in zip(series["valid"], series["mean"])) + " |")
     print(
         "\nPer seed and step: best / mean reward of the step's rollouts, valid fraction, groups with a reward signal "
-        "(rewards not all equal: train/groups_with_signal, of --groups)"
+        "(a non-zero advantage under the arm's objective: train/groups_with_signal, of --groups; 0 without training)"
     )
     print("\n| arm | seed | " + " | ".join(f"step {t}" for t in range(args.steps)) + " |")
     print("|---|---:|" + "---|" * args.steps)
