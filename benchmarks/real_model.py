@@ -188,8 +188,9 @@ def main() -> int:
 
 
 def _best(records: list[dict]) -> float | None:
-    """The best reward a rollout of the run reached (invalid = 0); None for a run not there."""
-    return max((r["reward/max"] or 0.0) for r in records) if records else None
+    """The best reward a rollout of the run reached (invalid = 0); None for a run not there or not evaluated yet."""
+    evaluated = [r["reward/max"] for r in records if r.get("reward/valid_fraction") is not None]
+    return max((x or 0.0) for x in evaluated) if evaluated else None
 
 
 def _at(records: list[dict], step: int, metric: str) -> float | None:
