@@ -11,12 +11,17 @@ benchmarks/toy_learning.py:
 Every arm samples steps x groups x rollouts_per_group completions per seed.
 
 Printed, per arm: the best reward a rollout reached (seeds excluded) per seed, the valid fraction
-and the mean reward by step (means over seeds), wall time; and for the TTT arm the mean
+and the mean reward by step (means over seeds), wall time; per arm, seed and step the best and
+mean reward, the valid fraction and the groups with a reward signal (`train/groups_with_signal`:
+the groups with a non-zero advantage under the arm's objective, the only ones it learns from; 0 for
+the arms without training; under the adaptive entropic objective a group whose best reward is
+shared by half or more of its rollouts has none, since its KL target ln 2 is then out of reach,
+docs/method.md §2); and for the TTT arm the mean
 |sampler - learner| log-probability gap of each training step (train/logprob_gap). The picture
 (mean reward and valid fraction by step, one line per arm) goes to --plot.
 
     .venv/bin/python benchmarks/real_model.py [--seeds 0 1 2] [--steps 4] [--groups 1]
-        [--rollouts 4] [--answer-tokens 320] [--config configs/smollm2-circles.yaml]
+        [--rollouts 4] [--answer-tokens 320] [--config configs/smollm2-circles.yaml] [--answer-format edits]
         [--out runs/bench-real] [--plot docs/plots/real_model_circles.png] [--fresh]
 
 A killed benchmark started again with the same arguments resumes: each arm's run directory is a
@@ -24,7 +29,8 @@ discovery run, finished runs return at once and an unfinished one resumes at its
 task (--fresh starts over); the wall time of a run adds up over the invocations. Seeds can run as
 separate processes at once (`--seeds 0` and `--seeds 1` with the same --out), then a last
 invocation with all the seeds prints the table from the finished runs (--report-only: from the runs
-as they are, running nothing).
+as they are, running nothing; a run not there is reported as not run, an unfinished one by its
+finished steps).
 """
 
 from __future__ import annotations
@@ -42,7 +48,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from toy_learning import ARMS, arm_config  # noqa: E402 - benchmarks/ is this script's folder
+from answer_formats import EDITS_PREFIX  # noqa: E402 - benchmarks/ is this script's folder
+from toy_learning import ARMS, arm_config  # noqa: E402
 
 
 def _mean(xs: list[float | None]) -> float | None:
@@ -84,6 +91,12 @@ def main() -> int:
     parser.add_argument("--rollouts", type=int, default=4, help="rollouts per group")
     parser.add_argument("--answer-tokens", type=int, default=320)
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    parser.add_argument(
+        "--answer-format",
+        choices=["program", "edits"],
+        default=None,
+        help="sampling.answer_format (default: the configuration's); edits starts every answer with '<<<<<<< SEARCH'",
+    )
     parser.add_argument("--config", type=Path, default=ROOT / "configs" / "smollm2-circles.yaml")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "bench-real")
     parser.add_argument("--plot", type=Path, default=ROOT / "docs" / "plots" / "real_model_circles.png")
@@ -106,6 +119,10 @@ def main() -> int:
     base = yaml.safe_load(args.config.read_text())
     base.update(groups=args.groups, rollouts_per_group=args.rollouts)
     base.setdefault("sampling", {})["max_answer_tokens"] = args.answer_tokens
+    if args.answer_format is not None:
+        base["sampling"]["answer_format"] = args.answer_format
+        if args.answer_format == "edits":
+            base["sampling"]["answer_prefix"] = EDITS_PREFIX
     if args.fresh:
         shutil.rmtree(args.out, ignore_errors=True)
     records: dict[tuple[str, int], list[dict]] = {}
@@ -114,12 +131,15 @@ def main() -> int:
         for arm in args.arms:
             cfg = parse_config(arm_config(base, arm, seed, args.steps, args.out))
             t0 = time.time()
+            if args.report_only and not (Path(cfg.run_dir) / "run.json").is_file():
+                records[(arm, seed)] = []  # not run (yet): its cells say so
+                print(f"seed {seed} {arm:>10}: not run", flush=True)
+                continue
             if not args.report_only:
                 discovery_run(config=cfg)
             seconds[arm] += _wall_seconds(Path(cfg.run_dir), 0.0 if args.report_only else time.time() - t0)
             records[(arm, seed)] = [rec for _, rec in run_metrics(Run.open(cfg.run_dir))]
-            best = max((r["reward/max"] or 0.0) for r in records[(arm, seed)])
-            print(f"seed {seed} {arm:>10}: best rollout {best:.4f} ({time.time() - t0:.0f} s)", flush=True)
+            print(f"seed {seed} {arm:>10}: best rollout {_fmt(_best(records[(arm, seed)]), 4)} ({time.time() - t0:.0f} s)", flush=True)
 
     budget = args.groups * args.rollouts * args.steps
     problem = base["problem"]
@@ -131,19 +151,33 @@ def main() -> int:
     print("|---|" + "---:|" * (len(args.seeds) + 2))
     per_step: dict[str, dict[str, list[float | None]]] = {}
     for arm in args.arms:
-        bests = [max((r["reward/max"] or 0.0) for r in records[(arm, s)]) for s in args.seeds]
+        bests = [_best(records[(arm, s)]) for s in args.seeds]
         seed_best = _mean([_seed_best(args.out, arm, s) for s in args.seeds])
-        print(f"| {arm} | " + " | ".join(f"{b:.4f}" for b in bests) + f" | {_fmt(seed_best, 4)} | {seconds[arm] / 60:.1f} min |")
+        print(f"| {arm} | " + " | ".join(_fmt(b, 4) for b in bests) + f" | {_fmt(seed_best, 4)} | {seconds[arm] / 60:.1f} min |")
         per_step[arm] = {
-            key: [_mean([records[(arm, s)][t][metric] for s in args.seeds]) for t in range(args.steps)]
+            key: [_mean([_at(records[(arm, s)], t, metric) for s in args.seeds]) for t in range(args.steps)]
             for key, metric in (("mean", "reward/mean"), ("valid", "reward/valid_fraction"))
         }
     print("\n| arm | " + " | ".join(f"step {t}: valid / mean" for t in range(args.steps)) + " |")
     print("|---|" + "---:|" * args.steps)
     for arm, series in per_step.items():
         print(f"| {arm} | " + " | ".join(f"{_fmt(v, 2)} / {_fmt(m, 3)}" for v, m in zip(series["valid"], series["mean"])) + " |")
+    print(
+        "\nPer seed and step: best / mean reward of the step's rollouts, valid fraction, groups with a reward signal "
+        "(a non-zero advantage under the arm's objective: train/groups_with_signal, of --groups; 0 without training)"
+    )
+    print("\n| arm | seed | " + " | ".join(f"step {t}" for t in range(args.steps)) + " |")
+    print("|---|---:|" + "---|" * args.steps)
+    for arm in args.arms:
+        for s in args.seeds:
+            cells = [
+                f"{_fmt(r['reward/max'], 4)} / {_fmt(r['reward/mean'], 3)}, {_fmt(r['reward/valid_fraction'], 2)}, "
+                f"{_signal(r.get('train/groups_with_signal'))}/{args.groups}"
+                for r in records[(arm, s)]
+            ] + ["–"] * (args.steps - len(records[(arm, s)]))
+            print(f"| {arm} | {s} | " + " | ".join(cells) + " |")
     if "ttt" in args.arms:
-        gaps = [[records[("ttt", s)][t].get("train/logprob_gap") for s in args.seeds] for t in range(args.steps)]
+        gaps = [[_at(records[("ttt", s)], t, "train/logprob_gap") for s in args.seeds] for t in range(args.steps)]
         print(f"\nTTT: mean |sampler - learner| log-probability gap per completion token, by step (seeds {args.seeds}):")
         print("  " + ", ".join(f"step {t}: " + "/".join("–" if g is None else f"{g:.2e}" for g in gs) for t, gs in enumerate(gaps)))
     title = f"{base['model']['name']} on {problem}, {budget} samples per arm and seed, mean over seeds {args.seeds}"
@@ -151,6 +185,21 @@ def main() -> int:
     (args.out / "results.json").write_text(json.dumps({f"{a}/{s}": r for (a, s), r in records.items()}, indent=1))
     print(f"\npicture: {args.plot}; per-step records: {args.out / 'results.json'}")
     return 0
+
+
+def _best(records: list[dict]) -> float | None:
+    """The best reward a rollout of the run reached (invalid = 0); None for a run not there or not evaluated yet."""
+    evaluated = [r["reward/max"] for r in records if r.get("reward/valid_fraction") is not None]
+    return max((x or 0.0) for x in evaluated) if evaluated else None
+
+
+def _at(records: list[dict], step: int, metric: str) -> float | None:
+    """A step's metric, None when the run has not reached that step (--report-only on an unfinished benchmark)."""
+    return records[step].get(metric) if step < len(records) else None
+
+
+def _signal(groups: float | None) -> str:
+    return "–" if groups is None else str(int(groups))
 
 
 def _wall_seconds(run_dir: Path, elapsed: float) -> float:

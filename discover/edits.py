@@ -136,18 +136,59 @@ def apply_edits(parent: str, answer: str) -> str:
     return apply_blocks(parent, parse_blocks(answer))
 
 
-def edits_instruction() -> str:
+# a count: an integer of 2 or more assigned to a name on its own (`TRIALS = 3000`) or a loop's `range(20)`
+_COUNT = re.compile(r"(?:^\s*[A-Za-z_]\w*\s*=\s*|\brange\()([2-9]|[1-9]\d+)(?=\s*(?:\)|#|$))")
+
+
+def example_block(program: str) -> tuple[str, str] | None:
+    """A concrete SEARCH/REPLACE example quoting a real line of `program`: (that line, its replacement).
+
+    The line is the first one that occurs once in the program and sets a count (an integer of 2 or
+    more assigned to a name, `TRIALS = 3000`, or a loop's `range(20)`); the replacement doubles it. Without such a line,
+    the first line that occurs once (not blank, not a comment) gets a comment added after it; None
+    for a program without either. A small model shown only a description of the format copied the
+    description's placeholder line into its SEARCH part (benchmarks/results/answer_formats.md).
+    """
+    lines = program.splitlines()
+    unique = [line for line in lines if line.strip() and not line.lstrip().startswith("#") and lines.count(line) == 1]
+    for line in unique:
+        code = line.split("#", 1)[0].rstrip()
+        match = _COUNT.search(code)
+        if match:
+            return line, line[: match.start(1)] + str(2 * int(match.group(1))) + line[match.end(1) :]
+    if unique:
+        line = unique[0]
+        indent = line[: len(line) - len(line.lstrip())]
+        return line, f"{line}\n{indent}# (a line added after it)"
+    return None
+
+
+def edits_instruction(program: str = "") -> str:
     """What the context adds under `answer_format: edits`: the format, the rules, and that it replaces
-    the problem's own request for a whole program."""
+    the problem's own request for a whole program. With the parent's `program`, the format is shown
+    as a concrete block on one of its lines (`example_block`) instead of placeholder lines."""
+    example = example_block(program)
+    if example is None:
+        shape = (
+            "one or more SEARCH/REPLACE blocks, each\n"
+            f"{SEARCH}\n"
+            "lines copied exactly from the current program\n"
+            f"{DIVIDER}\n"
+            "the lines that replace them\n"
+            f"{REPLACE}\n"
+        )
+    else:
+        line, replacement = example
+        shape = (
+            f"one or more SEARCH/REPLACE blocks. A block is a line {SEARCH}, then lines copied exactly from the current "
+            f"program, then a line {DIVIDER}, then the lines that replace them, then a line {REPLACE}. "
+            "For example, this block changes one line of the current program:\n"
+            f"{SEARCH}\n{line}\n{DIVIDER}\n{replacement}\n{REPLACE}\n"
+        )
     return (
         "Answer format: do not write a whole program. Answer with edits to the current program shown above: "
-        "one or more SEARCH/REPLACE blocks, each\n"
-        f"{SEARCH}\n"
-        "lines copied exactly from the current program\n"
-        f"{DIVIDER}\n"
-        "the lines that replace them\n"
-        f"{REPLACE}\n"
-        "Each SEARCH part must be whole lines of the current program, indentation included, and match exactly one "
+        + shape
+        + "Each SEARCH part must be whole lines of the current program, indentation included, and match exactly one "
         "place (add lines around it when it could match several); blocks must not overlap. Text outside the blocks "
         "is ignored. The edited program is your answer and is run and scored as described above."
     )

@@ -4,8 +4,12 @@ the target, and the tail of the parent's output, as the released prompts show th
 
 from __future__ import annotations
 
+import re
+
 from discover.edits import edits_instruction
 
+# how the problems' `render_state` shows a state's program: "Code:" and a fenced block (evaluators/base.py)
+_STATE_PROGRAM = re.compile(r"Code:\n```[\w+#.-]*\n(.*?)\n```", re.DOTALL)
 OBSERVATION_CHARS = 500  # docs/method.md §5a: the released prompts show the last 500 characters of the parent's output
 
 
@@ -24,7 +28,8 @@ def build_context(
     `target` the problem's goal in reward units (None: none shown). Scores are printed with a fixed
     number of decimals so that contexts of the same problem differ only where their states differ.
     `answer_format` "edits" ends the context with the edit format (docs/method.md, "Answers as edits"),
-    which replaces the problem description's request for a whole program.
+    which replaces the problem description's request for a whole program, shown on a line of the
+    state's program when it has one.
     """
     parts = [description.strip(), "", rendered_state.strip(), ""]
     if previous_reward is None:
@@ -36,5 +41,6 @@ def build_context(
     if observation.strip():
         parts += ["", "Output of the current state's program (last characters):", observation[-OBSERVATION_CHARS:].rstrip()]
     if answer_format == "edits":
-        parts += ["", edits_instruction()]
+        program = _STATE_PROGRAM.search(rendered_state)
+        parts += ["", edits_instruction(program.group(1) if program else "")]
     return "\n".join(parts) + "\n"

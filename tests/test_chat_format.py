@@ -132,3 +132,21 @@ def test_a_model_that_closes_its_thinking_answers_after_the_marker(qwen3_policy)
         assert all(m == 1 for m in c.loss_mask)
         assert c.answer == c.text.split("</think>", 1)[1]
         assert len(c.completion_ids) - i - 1 <= 5  # the answer phase's own limit
+
+
+class _Tokenizer:
+    """The two attributes a plain prompt reads, besides encoding."""
+
+    def __init__(self, add_bos_token: bool, bos_token_id: int | None) -> None:
+        self.add_bos_token, self.bos_token_id = add_bos_token, bos_token_id
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        assert not add_special_tokens
+        return [ord(c) for c in text]
+
+
+def test_a_plain_prompt_starts_with_bos_only_when_the_tokenizer_adds_one() -> None:
+    plain = ChatFormat("plain")
+    assert plain.render(_Tokenizer(True, 2), "ab", thinking=False) == [2, 97, 98]  # a base model such as Gemma: <bos> first
+    assert plain.render(_Tokenizer(False, 2), "ab", thinking=False) == [97, 98]  # GPT-2 style: as it is
+    assert plain.render(_Tokenizer(True, None), "ab", thinking=False) == [97, 98]

@@ -10,9 +10,10 @@ import pytest
 
 from discover import steps
 from discover.config import ConfigError, parse_config
-from discover.edits import EDITS_NOT_APPLIED, EditError, apply_edits, parse_blocks
+from discover.edits import EDITS_NOT_APPLIED, EditError, apply_edits, example_block, parse_blocks
 from discover.metrics import step_metrics
 from discover.preflight import PreflightError, preflight
+from discover.prompts import build_context
 from discover.run import Run, load_archive, read_evaluations, read_rollouts
 
 PARENT = """import numpy as np
@@ -299,6 +300,23 @@ def test_the_seed_program_of_each_program_problem_takes_an_edit_copied_from_its_
     edited = apply_edits(code, "Duplicated:\n" + block(line, f"{line}\n{line}"))
     i = lines.index(line)
     assert edited.split("\n") == lines[: i + 1] + [line] + lines[i + 1 :]
+
+
+def test_the_edit_format_is_shown_on_a_line_of_the_parent_and_the_example_applies() -> None:
+    """The context's example block quotes a real line of the parent's program (a small model copied
+    placeholder lines into its SEARCH part); copied as it is, it applies and changes that one line."""
+    context = build_context("Problem.", f"Code:\n```python\n{PARENT.strip()}\n```", 0.5, answer_format="edits")
+    example = context[context.index("<<<<<<< SEARCH\n") :]
+    assert "<<<<<<< SEARCH\n    for i in range(n):\n" not in example  # no count there: the first line setting one
+    assert example.startswith("<<<<<<< SEARCH\n    n = 26\n=======\n    n = 52\n>>>>>>> REPLACE\n")
+    assert "lines copied exactly from the current program\n" not in context  # no placeholder line of its own
+    assert apply_edits(PARENT, example) == PARENT.replace("n = 26", "n = 52")
+    # a count in a loop, a line set twice skipped; without a count a comment line is added; nothing to quote: the placeholders
+    assert example_block("x = 1.5\nfor _ in range(20):\n    pass\n") == ("for _ in range(20):", "for _ in range(40):")
+    assert example_block("N = 3\nN = 3\ny = f(N)\n") == ("y = f(N)", "y = f(N)\n# (a line added after it)")
+    assert example_block("") is None
+    seed = build_context("Problem.", "No code yet.", 0.0, answer_format="edits")
+    assert "<<<<<<< SEARCH\nlines copied exactly from the current program\n=======\n" in seed
 
 
 @pytest.mark.parametrize("name", ["ahc058", "erdos"])

@@ -11,8 +11,10 @@ thinking. Three families cover the models the method is run with:
 * ``template``: a chat template with no thinking block (ChatML models such as SmolLM2-Instruct,
   most instruct models before reasoning models): the prompt is the template's user turn and the
   model answers at once, so ``sampling.think_end`` must be null.
-* ``plain``: a tokenizer without a chat template (the embedded tiny GPT-2): the context is encoded
-  as it is, and the configured ``think_end`` marker itself closes the thinking.
+* ``plain``: a tokenizer without a chat template (the embedded tiny GPT-2, pretrained base models
+  such as Gemma 3 270M): the context is encoded as it is, after the beginning-of-sequence token
+  when the tokenizer adds one (Gemma's ``<bos>``), and the configured ``think_end`` marker itself
+  closes the thinking.
 
 The family is read from the tokenizer (its vocabulary and chat template); `chat_format_for`
 raises a clear error when the configured ``sampling.think_end`` cannot close the family's thinking.
@@ -44,7 +46,11 @@ class ChatFormat:
         template as they are (`model.chat_template_kwargs`, e.g. gpt-oss's `reasoning_effort`).
         """
         if self.family == "plain":
-            return [int(t) for t in tokenizer.encode(text, add_special_tokens=False)]
+            ids = [int(t) for t in tokenizer.encode(text, add_special_tokens=False)]
+            # as the tokenizer would add it (Gemma: <bos>); GPT-2-style tokenizers add none
+            if getattr(tokenizer, "add_bos_token", False) and tokenizer.bos_token_id is not None:
+                ids = [int(tokenizer.bos_token_id), *ids]
+            return ids
         ids = tokenizer.apply_chat_template(
             [{"role": "user", "content": text}],
             add_generation_prompt=True,
