@@ -135,11 +135,11 @@ def generate(run: Run, step: int, on_rollout: Callable[[Rollout], None] | None =
     `on_rollout` sees each rollout as soon as the policy finishes it (discover/evaluation.py starts
     evaluating it there); the file written is the same with or without it, in (group, index) order.
     """
-    from discover.policy import load_policy
+    from discover.policy.replicas import generation_policy
 
     config, inputs = run.config, run.reads("generate", step)
     parents = json.loads(inputs["parents"].read_text())["groups"]
-    policy = load_policy(config.model, inputs["checkpoint"] / "adapter")
+    policy = generation_policy(run, inputs["checkpoint"] / "adapter")  # in this process, or on the replicas (docs/cluster.md)
     sampling = config.sampling
     t0 = time.time()
     contexts = [g["context"] for g in parents]

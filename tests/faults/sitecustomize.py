@@ -19,6 +19,10 @@ candidate result of step STEP is stored (storage/candidates.py).
 - DISCOVER_EVAL_LOG=PATH appends one line "STEP KEY PID" to PATH each time a candidate is really
   evaluated (discover.evaluation.run_job), in whichever process runs it (engine workers too), so
   a test can count evaluations.
+- DISCOVER_EVAL_ATTEMPTS=PATH appends one line "CHILD_ID PID" to PATH when an evaluation starts
+  (every attempt, also one that fails); while the file PATH.fail holds "raise" the attempt then
+  raises an OSError (an infrastructure failure, which Prefect retries), while it holds "exit" the
+  process running it exits at once (a lost worker).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from pathlib import Path
 CRASH = os.environ.get("DISCOVER_CRASH_AT", "")
 HOLD = os.environ.get("DISCOVER_HOLD_AT", "")
 EVAL_LOG = os.environ.get("DISCOVER_EVAL_LOG", "")
+EVAL_ATTEMPTS = os.environ.get("DISCOVER_EVAL_ATTEMPTS", "")
 
 
 def _at(name: str, step: int, phase: str, run: object = None) -> None:
@@ -124,7 +129,29 @@ def _log_evaluations() -> None:
     evaluation.run_job = logged
 
 
+def _fail_evaluations() -> None:
+    from discover import evaluation
+
+    run_job = evaluation.run_job
+
+    @functools.wraps(run_job)
+    def attempted(job):
+        with open(EVAL_ATTEMPTS, "a") as f:
+            f.write(f"{job.child_id} {os.getpid()}\n")
+        fail = Path(EVAL_ATTEMPTS + ".fail")
+        mode = fail.read_text().strip() if fail.is_file() else ""
+        if mode == "raise":
+            raise OSError(f"injected infrastructure failure evaluating {job.child_id}")
+        if mode == "exit":
+            os._exit(1)
+        return run_job(job)
+
+    evaluation.run_job = attempted
+
+
 if CRASH or HOLD:
     _install()
 if EVAL_LOG:
     _log_evaluations()
+if EVAL_ATTEMPTS:
+    _fail_evaluations()
