@@ -40,7 +40,8 @@ class LoopbackRayCluster:
         self.address = ""
 
     def _ray_start(self, *args: str) -> None:
-        base = 30000 + (os.getpid() % 50) * 400 + 100 * len(self.groups)  # each node its own range of worker ports
+        # each node its own range of worker ports, above the ephemeral ports (32768-60999) that free_port hands out
+        base = 61000 + (os.getpid() % 9) * 400 + 100 * len(self.groups)
         cmd = [
             str(Path(sys.executable).with_name("ray")),
             "start",
