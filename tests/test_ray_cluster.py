@@ -141,3 +141,48 @@ def test_a_toy_run_on_replicas_and_ranks_matches_the_single_process_run(ray_clus
         assert float(np.abs(mine[name] - theirs[name]).max()) / scale < 1e-5, name
     for step in (1, 2):
         assert len(_rollouts(on_ray, step)) == len(_rollouts(single, step))
+
+
+class _SeededEngine:
+    """A decode engine that seeds every request on its own, as vLLM does: its tokens depend on the
+    request's seed and prompt only, plus the replica's index (so a test sees where a request went)."""
+
+    max_context = None
+
+    def __init__(self, replica: int = -1):
+        self.replica, self.queue = replica, []
+
+    def submit(self, key, request, temperature, seed):
+        self.queue.append((key, request, seed))
+
+    def poll(self):
+        from discover.policy.engine import PhaseOutput
+
+        done, self.queue = self.queue[:3], self.queue[3:]  # a few at a time, like a running batch
+        return [(key, PhaseOutput([seed % 1000, sum(req.prompt_ids), self.replica], [0.0, 0.0, 0.0], "length")) for key, req, seed in done]
+
+    def cancel(self):
+        self.queue = []
+
+
+def test_a_seeded_engine_s_continuations_go_to_their_group_s_replica(connected) -> None:
+    import ray
+
+    from discover.policy.engine import PhaseRequest
+    from discover.policy.replicas import GenerationReplica, ReplicaDecodeEngine
+
+    class Replica(GenerationReplica):
+        def __init__(self, index: int):
+            self.engine, self._spec = _SeededEngine(index), {}
+
+    actors = [ray.remote(Replica).options(num_cpus=0.1).remote(i) for i in range(2)]
+    engine = ReplicaDecodeEngine(actors, "stream", None)
+    submitted = {("answer", (i, j)): (PhaseRequest([i, 7], 3), 1000 * i + j) for i in range(3) for j in range(4)}
+    for key, (request, seed) in submitted.items():
+        engine.submit(key, request, 1.0, seed)
+    got = {}
+    while out := engine.poll():
+        got.update(dict(out))
+    assert got.keys() == submitted.keys()
+    for (_, (i, j)), output in got.items():
+        assert output.token_ids == [(1000 * i + j) % 1000, i + 7, i % 2]  # its own seed; prompt i on replica i mod 2
