@@ -65,9 +65,7 @@ def replicas(args: argparse.Namespace) -> int:
         shutil.rmtree(run_dir, ignore_errors=True)
         discovery_run(config=config(run_dir, args, r))
         runs[name] = run_dir
-    tokens = [
-        [row["completion_ids"] for row in pq.read_table(runs[n] / "steps" / "0000" / "rollouts.parquet").to_pylist()] for n in runs
-    ]
+    tokens = [[row["completion_ids"] for row in pq.read_table(runs[n] / "steps" / "0000" / "rollouts.parquet").to_pylist()] for n in runs]
     print(
         f"\ntoy, tiny model on CPU: {args.groups}x{args.rollouts} rollouts of <= {args.answer_tokens} tokens per step; "
         f"{args.replicas} replicas on a local Ray instance; {os.cpu_count()} CPUs"

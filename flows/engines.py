@@ -9,7 +9,10 @@
   "CPU=32 MEMORY=128e9 GPU=1"`) and runs a candidate only while it has them free.
 - `ray` (prefect-ray, the `ray` extra): the Ray cluster at `evaluation.address`, or a Ray instance
   started for the run on 127.0.0.1 without its dashboard; a candidate asks for `num_cpus`,
-  `memory` and `num_gpus`, and Ray gives a GPU task its own device (CUDA_VISIBLE_DEVICES).
+  `memory` and `num_gpus`, and Ray gives a GPU task its own device (CUDA_VISIBLE_DEVICES). Ray never
+  retries a candidate itself (`max_retries=0`): Prefect's `evaluation.retries` alone decide. The run
+  connects to Ray once (`ray_connection`), for its candidates and its generation replicas
+  (`cluster.generation_replicas`, docs/cluster.md) alike.
 
 A cluster's workers run the candidate task (flows/evaluation.py: `evaluate_candidate`) with the problem's
 sandbox on their own machine: the project and the evaluator images must be installed there

@@ -7,7 +7,8 @@
   ranks (FSDP2) and its candidates on the cluster completes; its step-0 rollouts are the
   single-process run's, token for token; the adapter trained on them agrees within 1e-5
   (docs/cluster.md, "What is compared");
-- a replica refuses an adapter whose content hash is not the one it was given, naming both.
+- a replica refuses an adapter whose content hash is not the one it was given, naming both;
+- with an engine that seeds each request (as vLLM does), continuations go to their prompt's replica.
 """
 
 from __future__ import annotations
