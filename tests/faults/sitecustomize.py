@@ -114,9 +114,35 @@ def _install() -> None:
     CandidateStore.put = counted_put
 
 
-def _log_evaluations() -> None:
-    from discover import evaluation
+def _when_imported(name: str, patch) -> None:
+    """Call `patch(module)` right after module `name` is first imported, without importing it here:
+    every Python process started with this folder on PYTHONPATH runs this file (a Ray node's agents
+    too, which must start within Ray's 30 s window), and most of them never evaluate anything."""
+    import importlib.abc
+    import importlib.util
+    import sys
 
+    class _Finder(importlib.abc.MetaPathFinder):
+        def find_spec(self, fullname, path, target=None):
+            if fullname != name:
+                return None
+            sys.meta_path.remove(self)
+            spec = importlib.util.find_spec(fullname)
+            if spec is None or spec.loader is None:
+                return spec
+            exec_module = spec.loader.exec_module
+
+            def exec_and_patch(module):
+                exec_module(module)
+                patch(module)
+
+            spec.loader.exec_module = exec_and_patch  # this spec's own loader instance
+            return spec
+
+    sys.meta_path.insert(0, _Finder())
+
+
+def _log_evaluations(evaluation) -> None:
     run_job = evaluation.run_job
 
     @functools.wraps(run_job)
@@ -129,9 +155,7 @@ def _log_evaluations() -> None:
     evaluation.run_job = logged
 
 
-def _fail_evaluations() -> None:
-    from discover import evaluation
-
+def _fail_evaluations(evaluation) -> None:
     run_job = evaluation.run_job
 
     @functools.wraps(run_job)
@@ -151,7 +175,6 @@ def _fail_evaluations() -> None:
 
 if CRASH or HOLD:
     _install()
-if EVAL_LOG:
-    _log_evaluations()
-if EVAL_ATTEMPTS:
-    _fail_evaluations()
+_patches = [patch for on, patch in ((EVAL_LOG, _log_evaluations), (EVAL_ATTEMPTS, _fail_evaluations)) if on]
+if _patches:
+    _when_imported("discover.evaluation", lambda module: [patch(module) for patch in _patches])
