@@ -73,14 +73,22 @@ def mixed_stream(
     past: list[Rollout],
     greedy: int,
     neighbourhood: int,
+    skip: frozenset[tuple[int, int]] = frozenset(),
+    prompt_ids: dict[int, list[int]] | None = None,
 ) -> Iterator[tuple[int, int, Completion]]:
     """(group, index, completion) for K slots a group: indices [0, alpha) on-policy, then beta greedy,
-    then gamma neighbourhood completions (docs/method.md §6, MIGRATE's Algorithm 1), each yielded when ready."""
+    then gamma neighbourhood completions (docs/method.md §6, MIGRATE's Algorithm 1), each yielded when ready.
+
+    A resumed step passes the on-policy keys it has already in `skip` (each other key keeps its
+    seed) and their groups' prompt tokens in `prompt_ids`; the greedy and neighbourhood slots are
+    always made, and re-scored together, so their log-probs are those of an uninterrupted step."""
     import torch
 
     alpha, beta, gamma = slot_counts(k, greedy, neighbourhood, len(past))
-    prompt_ids: dict[int, list[int]] = {}
-    for g, j, completion in policy.sample_stream(contexts, alpha, sampling, seed):
+    if any(j >= alpha for _, j in skip):
+        raise ValueError(f"only on-policy slots (index < {alpha}) can be skipped, got {sorted(skip)}")
+    prompt_ids = dict(prompt_ids or {})
+    for g, j, completion in policy.sample_stream(contexts, alpha, sampling, seed, skip):
         prompt_ids.setdefault(g, completion.prompt_ids)
         yield g, j, completion
     extra: list[tuple[int, int, Completion]] = []

@@ -10,6 +10,7 @@ a task with the same result.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import shutil
@@ -24,7 +25,7 @@ from discover.archive import Archive
 from discover.archive import update_archive as apply_archive_update
 from discover.config import RunConfig, TrainConfig
 from discover.evaluation import StepEvaluation, judge_candidate, thread_pool
-from discover.mixed import best_past_rollouts, mixed_stream
+from discover.mixed import best_past_rollouts, mixed_stream, slot_counts
 from discover.objectives import group_advantages
 from discover.preflight import preflight
 from discover.prompts import build_context
@@ -34,7 +35,8 @@ from discover.run import Ref, Run, draw_seeds, load_archive, read_evaluations, r
 from evaluators.base import EvalResult
 from evaluators.sandbox import sandbox_for
 from storage.atomic import atomic_dir, atomic_write_json
-from storage.tables import write_records
+from storage.rollout_parts import RolloutParts
+from storage.tables import read_records, write_records
 
 log = logging.getLogger("discover")
 
@@ -134,18 +136,107 @@ def generate(run: Run, step: int, on_rollout: Callable[[Rollout], None] | None =
 
     `on_rollout` sees each rollout as soon as the policy finishes it (discover/evaluation.py starts
     evaluating it there); the file written is the same with or without it, in (group, index) order.
-    """
-    from discover.policy.replicas import generation_policy
 
+    Resumable per rollout (docs/runs.md, "A generate killed midway"): each finished rollout is stored
+    at once (storage/rollout_parts.py), and a generate run again (a Prefect retry, `discover resume`)
+    takes the stored ones, hands them to `on_rollout` too (the evaluation keeps one result per
+    candidate, so nothing is evaluated twice) and generates only the missing (group, index) keys,
+    each from the seed it has in the full batch. How many were reused and generated goes to the
+    log line and to steps/NNNN/generate.json. Mixed groups (MIGRATE) resume their on-policy slots
+    only: the greedy and neighbourhood slots are made again and re-scored as one batch, as in an
+    uninterrupted step.
+    """
     config, inputs = run.config, run.reads("generate", step)
     parents = json.loads(inputs["parents"].read_text())["groups"]
-    policy = generation_policy(run, inputs["checkpoint"] / "adapter")  # in this process, or on the replicas (docs/cluster.md)
-    sampling = config.sampling
+    k, m = config.rollouts_per_group, config.mixed
+    past = best_past_rollouts(load_archive(inputs["archive"]), run.layout.rollouts, max(m.greedy, 1)) if m.greedy or m.neighbourhood else []
+    resumable = slot_counts(k, m.greedy, m.neighbourhood, len(past))[0] if m.greedy or m.neighbourhood else k  # slots stored as they come
+    parts = RolloutParts(run.layout.generated(step), Rollout)
+    digest = _generate_digest(run, step)
+    stored = _stored_rollouts(run, step, parts, digest)
+    if len(stored) < len(parents) * k:  # an interrupted attempt: its on-policy slots only
+        stored = {key: r for key, r in stored.items() if key[1] < resumable}
+    rollouts = list(stored.values())
+    for r in rollouts:
+        if on_rollout is not None:
+            on_rollout(r)
+    context_of = {g["group"]: i for i, g in enumerate(parents)}  # a rollout's group -> its context's index in the batch
+    skip = frozenset((context_of[group], index) for group, index in stored)
     t0 = time.time()
+
+    def store(r: Rollout) -> None:
+        if r.index < resumable:
+            parts.put(r.group, r.index, r, digest)
+
+    if len(stored) < len(parents) * k:
+        prompts = {context_of[r.group]: r.prompt_ids for r in rollouts}  # what mixed groups re-attach their other slots to
+        rollouts += _sample(run, step, parents, inputs["checkpoint"], past, skip, prompts, store, on_rollout)
+    rollouts.sort(key=lambda r: (r.group, r.index))
+    tokens = sum(len(r.completion_ids) for r in rollouts)
+    seconds = time.time() - t0
+    atomic_write_json(
+        run.layout.generate_stats(step),
+        {"rollouts_reused": len(stored), "rollouts_generated": len(rollouts) - len(stored), "tokens": tokens, "seconds": seconds},
+    )
+    out = run.writes("generate", step)
+    write_records(out, rollouts, Rollout, {_GENERATE_INPUTS: digest})
+    parts.remove()  # the output holds them all now
+    log.info(
+        "step %d generate: %d rollouts (%d reused from an interrupted attempt, %d generated), %d tokens in %.1f s",
+        step,
+        len(rollouts),
+        len(stored),
+        len(rollouts) - len(stored),
+        tokens,
+        seconds,
+    )
+    return run.ref(out)
+
+
+_GENERATE_INPUTS = "generate_inputs"  # the output file's metadata: the digest of what it was generated from
+
+
+def _generate_digest(run: Run, step: int) -> str:
+    """What a stored rollout must have been generated from to be reused: the content of every
+    file generate reads (parents, checkpoint, archive, past rollouts) and the step's seeds."""
+    what = {"inputs": run.input_hashes("generate", step), "seeds": [run.seed("generate", step), run.seed("neighbourhood", step)]}
+    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
+
+
+def _stored_rollouts(run: Run, step: int, parts: RolloutParts[Rollout], digest: str) -> dict[tuple[int, int], Rollout]:
+    """The rollouts of `step` a previous attempt finished, by (group, index): the stored records,
+    or every row of an output file already written from the same inputs (an attempt killed after
+    writing it, before the manifest recorded it)."""
+    out = run.writes("generate", step)
+    if out.is_file():
+        rows, meta = read_records(out, Rollout)
+        if meta.get(_GENERATE_INPUTS) == digest:
+            return {(r.group, r.index): r for r in rows}
+    return parts.load(digest)
+
+
+def _sample(
+    run: Run,
+    step: int,
+    parents: list[dict[str, Any]],
+    checkpoint: Path,
+    past: list[Rollout],
+    skip: frozenset[tuple[int, int]],
+    prompts: dict[int, list[int]],
+    store: Callable[[Rollout], None],
+    on_rollout: Callable[[Rollout], None] | None,
+) -> list[Rollout]:
+    """The rollouts of every (context index, index) key but those in `skip`, each stored (`store`)
+    and handed to `on_rollout` as soon as the policy finishes it. `past` and `prompts` (a context's
+    prompt tokens, from its stored rollouts) are for mixed groups."""
+    from discover.policy.replicas import generation_policy
+
+    config = run.config
+    policy = generation_policy(run, checkpoint / "adapter")  # in this process, or on the replicas (docs/cluster.md)
+    sampling = config.sampling
     contexts = [g["context"] for g in parents]
     m = config.mixed
     if m.greedy or m.neighbourhood:  # docs/method.md §6, MIGRATE: slots from the best past completions and a neighbourhood prompt
-        past = best_past_rollouts(load_archive(inputs["archive"]), run.layout.rollouts, max(m.greedy, 1))  # the files Run.reads lists
         stream = mixed_stream(
             policy,
             contexts,
@@ -156,21 +247,19 @@ def generate(run: Run, step: int, on_rollout: Callable[[Rollout], None] | None =
             past,
             m.greedy,
             m.neighbourhood,
+            skip=skip,
+            prompt_ids=prompts,
         )
     else:
-        stream = policy.sample_stream(contexts, config.rollouts_per_group, sampling, run.seed("generate", step))
+        stream = policy.sample_stream(contexts, config.rollouts_per_group, sampling, run.seed("generate", step), skip)
     rollouts = []
     for g, k, completion in stream:
         rollout = Rollout.of(completion, group=parents[g]["group"], index=k, parent_id=parents[g]["parent_id"])
+        store(rollout)  # before anything else sees it: a kill from here on keeps it
         rollouts.append(rollout)
         if on_rollout is not None:
             on_rollout(rollout)
-    rollouts.sort(key=lambda r: (r.group, r.index))
-    out = run.writes("generate", step)
-    write_records(out, rollouts, Rollout)
-    tokens = sum(len(r.completion_ids) for r in rollouts)
-    log.info("step %d generate: %d rollouts, %d tokens in %.1f s", step, len(rollouts), tokens, time.time() - t0)
-    return run.ref(out)
+    return rollouts
 
 
 def evaluate(run: Run, step: int, evaluation: StepEvaluation | None = None) -> Ref:

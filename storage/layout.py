@@ -7,6 +7,8 @@ run_dir/
   archive/0000.parquet         the archive entering step 0 (the seeds); archive/0001 after step 0, ...
   steps/0003/parents.json      select_parents: the chosen start states and their contexts
   steps/0003/rollouts.parquet  generate: tokens, sampler log-probabilities, text
+  steps/0003/generated/<group>-<index>.json  one finished rollout each while generate runs (resume keeps them)
+  steps/0003/generate.json     generate: rollouts reused from an interrupted attempt and generated, tokens, seconds
   steps/0003/evaluations.parquet  evaluate: reward, validity, reason, child state per rollout
   steps/0003/candidates/<key>.json  one evaluated candidate each, as it finishes (resume keeps them)
   steps/0003/train.json        train: loss, beta and advantage statistics
@@ -51,6 +53,13 @@ class RunLayout:
 
     def rollouts(self, step: int) -> Path:
         return self.step_dir(step) / "rollouts.parquet"
+
+    def generated(self, step: int) -> Path:
+        """One record per finished rollout while `generate` runs (storage/rollout_parts.py)."""
+        return self.step_dir(step) / "generated"
+
+    def generate_stats(self, step: int) -> Path:
+        return self.step_dir(step) / "generate.json"
 
     def evaluations(self, step: int) -> Path:
         return self.step_dir(step) / "evaluations.parquet"

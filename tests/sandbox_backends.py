@@ -55,3 +55,12 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return stat[stat.rindex(")") + 2] != "Z"
+
+
+def without_isolation(box):
+    """The process sandbox `box` with its namespaces, Landlock and seccomp off: the layer underneath
+    (uids, cgroups, permissions, clean-up by uid), all that a kernel without them leaves. For tests
+    of that layer that look at a candidate's processes by their host pids, let it run host binaries
+    (`sleep`) or meet another candidate in a shared directory, none of which isolation allows."""
+    box.isolation = {"namespaces": False, "landlock": False, "seccomp": None}
+    return box

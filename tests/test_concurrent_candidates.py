@@ -5,7 +5,10 @@ case runs under a CPU quota of its cgroup (core pinning alone can be undone by t
 These hold when the tests run as root (each run gets a uid and gid of its own) and where a cgroup
 can be made; elsewhere they skip with the reason. The two evaluations meet through marker files in
 a shared directory, so the test does not depend on timing: program B waits until A has published
-the path of its own binary and is still running, and A waits until B is done.
+the path of its own binary and is still running, and A waits until B is done. Isolated (namespaces:
+a fresh /tmp each, a read-only host) two evaluations have no directory to meet in, so those two
+tests run on the layer underneath (sandbox_backends.without_isolation), what a kernel without
+namespaces leaves; tests/test_os_isolation.py checks the namespaces themselves.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import pytest
 from evaluators.sandbox import ProcessSandbox
 from evaluators.sandbox.cgroups import _mounts, available
 from evaluators.sandbox.native import NativeLimits, NativeRun
+from tests.sandbox_backends import without_isolation
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="no C++ compiler (g++) on this machine")
 
@@ -91,6 +95,13 @@ def _root_with_cgroups() -> ProcessSandbox:
     return ProcessSandbox()
 
 
+def _without_seccomp(box: ProcessSandbox) -> ProcessSandbox:
+    """The keyring tests check the layer under seccomp (which denies a candidate every keyring
+    system call, tests/test_os_isolation.py): what keeps keys apart on a kernel without it."""
+    box.isolation = {**box.isolation, "seccomp": None}
+    return box
+
+
 def _shared_dir() -> str:
     """A directory both programs (two different uids) may write: under /tmp, 0777."""
     path = tempfile.mkdtemp(prefix="discover-test-meet-")
@@ -126,7 +137,7 @@ def _stdout(run: NativeRun) -> str:
 
 
 def test_a_program_cannot_reach_the_binary_of_another_evaluation_running_at_the_same_time() -> None:
-    box = _root_with_cgroups()
+    box = without_isolation(_root_with_cgroups())  # they meet in a shared directory
     meet = _shared_dir()
     try:
         fill = {"dir": meet, "wait": WAIT}
@@ -301,7 +312,7 @@ def test_a_later_candidate_with_the_same_uid_finds_none_of_an_earlier_ones_keys(
 
     from evaluators.sandbox import process, reaping
 
-    box = _root_with_cgroups()
+    box = _without_seccomp(_root_with_cgroups())
     numbers = _keys_or_skip()
     uid = reaping.acquire_run_uid()
     reaping.release_run_uid(uid)
@@ -319,7 +330,7 @@ def test_a_uid_whose_keyring_a_candidate_locked_is_never_handed_out_again(monkey
 
     from evaluators.sandbox import process, reaping
 
-    box = _root_with_cgroups()
+    box = _without_seccomp(_root_with_cgroups())
     numbers = _keys_or_skip()
     uid = reaping.acquire_run_uid()
     reaping.release_run_uid(uid)
@@ -337,7 +348,7 @@ def test_a_uid_whose_keyring_a_candidate_locked_is_never_handed_out_again(monkey
 def test_each_candidate_has_a_session_keyring_of_its_own() -> None:
     import ctypes
 
-    box = _root_with_cgroups()
+    box = _without_seccomp(_root_with_cgroups())
     numbers = _keys_or_skip()
     libc = ctypes.CDLL(None, use_errno=True)
     libc.syscall.restype = ctypes.c_long
@@ -351,7 +362,7 @@ def test_each_candidate_has_a_session_keyring_of_its_own() -> None:
 
 
 def test_each_case_of_a_compiled_program_has_a_session_keyring_of_its_own() -> None:
-    box = _root_with_cgroups()
+    box = _without_seccomp(_root_with_cgroups())
     _keys_or_skip()
     source = """#include <cstdio>
 #include <unistd.h>
@@ -457,7 +468,7 @@ def main(meet):
 def test_a_python_candidate_cannot_reach_the_files_of_another_evaluation_running_at_the_same_time() -> None:
     from evaluators.sandbox.base import SandboxLimits
 
-    box = _root_with_cgroups()
+    box = without_isolation(_root_with_cgroups())  # they meet in a shared directory
     meet = _shared_dir()
     results: dict = {}
 

@@ -163,12 +163,14 @@ class ScriptedSampler:
     def __init__(self, answers: list[str]) -> None:
         self.answers = answers
 
-    def sample_stream(self, contexts, k, sampling, seed):
+    def sample_stream(self, contexts, k, sampling, seed, skip=frozenset()):
         from discover.records import Completion
 
         ScriptedSampler.contexts += contexts
         for g in range(len(contexts)):
             for j in range(k):
+                if (g, j) in skip:
+                    continue
                 answer = self.answers[j % len(self.answers)]
                 ids = [10 + j, 11, 12, 13]  # the tokens the rollout keeps, whatever its text
                 yield g, j, Completion([1, 2, 3], ids, [-1.0] * len(ids), [1] * len(ids), answer, answer)

@@ -10,7 +10,9 @@ attack found against the reward, each asserting the attack earns no more than th
    dropout rule any function of each entry's own train count (a pseudocount added included).
    Sharpening: the published MSE prefers any valid output raised to a power > 1 (or masked to its
    largest entries); the likelihood rule holds the output to 0.985 of the MAGIC seed's count-scale
-   likelihood, which sharpening lowers.
+   likelihood, which sharpening lowers. Sharpening paid for by mixing: a little of each cell's own
+   profile or of the gene means raises MAGIC's likelihood, and the surplus bought sharpening; the
+   calibration rule scores every output also at the MAGIC seed's sharpness, so a power earns nothing.
 3. Malformed output: whatever bytes the candidate writes (a header declaring a petabyte, a
    truncated array, an object array that would need pickle, a wrong dtype) get a verdict with a
    reason, never an exception and never an allocation the header asked for.
@@ -36,7 +38,7 @@ import pytest
 
 from discover.evaluation import judge_candidate
 from evaluators.bio.denoising.counts import load_counts
-from evaluators.bio.denoising.metrics import Baselines, judge
+from evaluators.bio.denoising.metrics import Baselines, judge, mse, powered
 from evaluators.bio.denoising.npy import decode_output, read_npy
 from evaluators.bio.denoising.problem import DenoisingProblem, ProcessBackendRefused
 from evaluators.bio.denoising.report import run_program
@@ -150,7 +152,7 @@ def test_the_inversion_recovers_the_held_out_counts_of_an_unkeyed_split_and_woul
     denoised = _load(INVERSION, "inversion").magic_denoise(split.train.copy(), random_state=DEFAULT_SEED)
     verdict = judge(split, Baselines.of(split), denoised)
     assert np.mean(np.round(denoised) == split.test) > 0.9
-    assert verdict.valid and verdict.reward > 2 * honest, verdict.reason
+    assert verdict.valid and verdict.reward > 1.5 * honest, verdict.reason  # 0.61 (1 / MSE 0.83: the calibration rule flattens it)
 
 
 def test_the_inversion_gets_no_more_than_magic_on_the_keyed_split(problem, honest) -> None:
@@ -307,6 +309,170 @@ def test_magic_and_magic_impute_stay_valid_in_the_sandbox(problem, honest, boxes
     verdict = _evaluate(problem, code, boxes(backend))
     assert verdict.valid, verdict.reason
     assert verdict.reward == pytest.approx(honest, rel=0.01)
+
+
+# 2c. Sharpening paid for by mixing ------------------------------------------------------------
+# A little of each cell's own profile or of the gene means mixed into MAGIC raises its count-scale
+# likelihood above MAGIC's (MAGIC is sharper than its likelihood's best); the surplus, spent on
+# sharpening, passed the likelihood rule with up to +7% over the honest seed. The calibration rule
+# scores every output also at the MAGIC seed's sharpness (docs/method.md §5d "The calibration rule"):
+# a power earns nothing, and what is left is what the mixed shape itself earns there.
+
+GAMING_BOUND = 1.04  # docs/method.md §5d calibration rule: the documented bound, a share of the MAGIC seed's reward
+MIX_THEN_SHARPEN = (  # MAGIC's per-cell profile mixed with the cell's own profile and the gene means, raised to a power
+    "    tot = M.sum(axis=1, keepdims=True)\n"
+    "    own = X / np.maximum(X.sum(axis=1, keepdims=True), 1e-300)\n"
+    "    genes = X.mean(axis=0) / X.mean(axis=0).sum()\n"
+    "    return ((1 - {own} - {genes}) * M / tot + {own} * own + {genes} * genes[None, :]) ** {power} * tot\n"
+)
+# Re-splits its own train counts, runs MAGIC on the larger part and picks the mix and the power whose
+# reward on the smaller part is the largest under the likelihood rule (with a margin); ADAPTIVE also
+# scores the calibration rule there, as the evaluator's source publishes it.
+SELF_TUNED = r"""
+from scipy.optimize import minimize_scalar
+
+MIXES = [(a, g) for a in (0.0, 0.05, 0.1, 0.2) for g in (0.0, 0.05, 0.1)]  # weights of the own profile, the gene means
+POWERS = np.arange(1.0, 1.32, 0.02)
+SHARE = 0.99  # the likelihood rule's 0.985 of MAGIC's, with a margin for the re-split's noise
+ADAPTIVE = {adaptive}
+
+
+def lognorm(A):
+    s = A.sum(axis=1, keepdims=True)
+    return np.log1p(A / np.where(s == 0, 1.0, s / 1e4))
+
+
+def nll(H, D):
+    L = D * (H.sum() / D.sum())
+    return float(np.mean(L - H * np.log(L + 1e-6)))
+
+
+def profile_nll(H, D):
+    rows = D.sum(axis=1, keepdims=True)
+    L = D * (H.sum(axis=1, keepdims=True) / np.where(rows > 0, rows, 1.0))
+    return float(np.mean(L - H * np.log(L + 1e-6)))
+
+
+def powered(D, q):
+    pos = D > 0
+    logs = np.log(np.where(pos, D, 1.0))
+    return np.where(pos, np.exp(q * (logs - logs.max(axis=1, keepdims=True))), 0.0)
+
+
+def qstar(H, D):
+    return minimize_scalar(lambda q: profile_nll(H, powered(D, q)), bounds=(0.05, 5.0), method="bounded").x
+
+
+def mix(M, X, a, g):
+    tot = M.sum(axis=1, keepdims=True)
+    own = X / np.maximum(X.sum(axis=1, keepdims=True), 1e-300)
+    genes = X.mean(axis=0) / X.mean(axis=0).sum()
+    return (1 - a - g) * M / tot + a * own + g * genes[None, :], tot
+
+
+_magic = magic_denoise
+
+
+def magic_denoise(X, **kw):
+    Xa = np.random.RandomState(1).binomial(X.astype(np.int64), 0.9).astype(np.float64)  # its own re-split
+    H = X - Xa
+    Ma = _magic(Xa, **kw)
+    none, perfect = nll(H, Xa), nll(H, H)
+    floor = SHARE * (none - nll(H, Ma)) / (none - perfect)
+    lh = lognorm(H)
+    mse = lambda D: float(np.mean((lh - lognorm(D)) ** 2))
+    qm = qstar(H, Ma) if ADAPTIVE else None
+    best, choice = 1.0 / mse(Ma), (0.0, 0.0, 1.0)
+    for a, g in MIXES:
+        S, tot = mix(Ma, Xa, a, g)
+        calibrated = mse(powered(S, qstar(H, S) / qm)) if ADAPTIVE else 0.0
+        for p in POWERS:
+            D = S ** p * tot
+            if (none - nll(H, D)) / (none - perfect) >= floor:
+                r = 1.0 / max(mse(D), calibrated)
+                if r > best:
+                    best, choice = r, (a, g, p)
+    a, g, p = choice
+    print(f"self-tuned: own profile {{a}}, gene means {{g}}, power {{p:.2f}}", flush=True)
+    S, tot = mix(_magic(X, **kw), X, a, g)
+    return S ** p * tot
+"""
+MIXED_THEN_SHARPENED = {
+    "MAGIC + 10% own profile, ^1.08": MAGIC_THEN.format(body=MIX_THEN_SHARPEN.format(own=0.1, genes=0.0, power=1.08)),
+    "MAGIC + 5% gene means, ^1.06": MAGIC_THEN.format(body=MIX_THEN_SHARPEN.format(own=0.0, genes=0.05, power=1.06)),
+    "MAGIC + 10% own, 5% gene means, ^1.12": MAGIC_THEN.format(body=MIX_THEN_SHARPEN.format(own=0.1, genes=0.05, power=1.12)),
+    "self-tuned on its own re-split": SELF_TUNED.format(adaptive=False),
+    "self-tuned on its own re-split, calibration rule included": SELF_TUNED.format(adaptive=True),
+}
+MIXED_THEN_SHARPENED = {name: program("magic") + body for name, body in MIXED_THEN_SHARPENED.items()}
+
+
+@pytest.mark.parametrize("case", list(MIXED_THEN_SHARPENED))
+def test_mixing_then_sharpening_earns_no_more_than_the_documented_bound(problem, honest, case) -> None:
+    """Each is valid under the likelihood rule and has a lower published MSE than MAGIC (rewards +3.2%
+    to +7.1% over the seed before the calibration rule); now each earns at most GAMING_BOUND x MAGIC's."""
+    module = _load(MIXED_THEN_SHARPENED[case], case)
+    denoised = module.magic_denoise(problem.prepared().split.train.copy(), random_state=CANDIDATE_RANDOM_STATE)
+    verdict = problem.score_output(denoised)
+    assert verdict.metrics["mse"] < 1.0 / honest, verdict.metrics  # the attack is real: the published MSE prefers it
+    assert verdict.valid, verdict.reason  # the likelihood rule lets it through ...
+    assert verdict.reward <= GAMING_BOUND * honest, (verdict.reward / honest, verdict.metrics)  # ... the calibration rule bounds it
+
+
+@pytest.mark.parametrize("power", (0.9, 1.03, 1.1, 1.5))
+@pytest.mark.parametrize("shape", ("MAGIC", "MAGIC + 10% own profile and gene means", "ALRA"))
+def test_a_power_beyond_the_magic_seeds_sharpness_earns_nothing(problem, honest, shape, power) -> None:
+    """The class: an output raised to a power that makes it sharper than MAGIC is scored as the output itself
+    flattened to MAGIC's sharpness, whatever the power, and earns no more than that (MAGIC^1.03 passed the
+    likelihood rule with +3%); an output no sharper than MAGIC is scored as it is."""
+    prepared = problem.prepared()
+    split, magic_power = prepared.split, prepared.baselines.calibration_power_magic
+    if shape == "ALRA":
+        S = run_program("alra", split)
+    else:
+        M, X = run_program("magic", split), split.train
+        total = M.sum(axis=1, keepdims=True)
+        mixed = 0.8 * M / total + 0.1 * X / X.sum(axis=1, keepdims=True) + 0.1 * X.mean(axis=0) / X.mean(axis=0).sum()
+        S = M if shape == "MAGIC" else mixed * total
+    base, raised = problem.score_output(S), problem.score_output(S**power)
+    q = base.metrics["calibration_power"]
+    assert raised.metrics["calibration_power"] == pytest.approx(q / power, rel=1e-4)
+    if q / power < magic_power:  # sharper than MAGIC: scored at MAGIC's sharpness, the same for every such power
+        at_magic = mse(split.test, powered(S, q / magic_power))
+        assert raised.metrics["mse_calibrated"] == pytest.approx(at_magic, rel=1e-5)
+        assert raised.reward <= (1.0 + 1e-5) / at_magic
+    else:  # no sharper than MAGIC: scored as it is
+        assert raised.metrics["mse_calibrated"] == raised.metrics["mse"]
+        assert raised.reward in (0.0, pytest.approx(1.0 / raised.metrics["mse"], rel=1e-12))
+    if shape == "MAGIC":
+        assert raised.reward <= honest * (1.0 + 1e-5), raised.metrics
+
+
+def test_scaling_the_rows_changes_nothing_in_the_calibration_rule(problem) -> None:
+    """The MSE sees each cell's profile only, and so does the calibration rule: rows rescaled at will (to push the
+    likelihood's best power towards 1) leave its power and its MSE as they were."""
+    split = problem.prepared().split
+    S = run_program("magic", split) ** 1.2
+    rows = np.random.default_rng(0).lognormal(0.0, 1.0, size=(S.shape[0], 1))
+    base, scaled = problem.score_output(S), problem.score_output(S * rows)
+    assert scaled.metrics["calibration_power"] == pytest.approx(base.metrics["calibration_power"], rel=1e-5)
+    assert scaled.metrics["mse_calibrated"] == pytest.approx(base.metrics["mse_calibrated"], rel=1e-9)
+
+
+@pytest.mark.parametrize("name", ["magic", "magic_impute"])
+def test_the_honest_denoisers_keep_the_published_reward(problem, name) -> None:
+    """The MAGIC seed and magic-impute's MAGIC: the calibration rule leaves 1 / MSE unchanged (within 1%)."""
+    verdict = problem.score_output(run_program(name, problem.prepared().split))
+    assert verdict.valid, verdict.reason
+    assert verdict.reward == pytest.approx(1.0 / verdict.metrics["mse"], rel=0.01)
+    assert verdict.metrics["calibration_power"] == pytest.approx(problem.prepared().baselines.calibration_power_magic, rel=0.01)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_mixed_and_sharpened_candidate_in_the_sandbox_earns_no_more_than_the_bound(problem, honest, boxes, backend) -> None:
+    verdict = _evaluate(problem, MIXED_THEN_SHARPENED["MAGIC + 10% own, 5% gene means, ^1.12"], boxes(backend))
+    assert verdict.valid, verdict.reason
+    assert verdict.metrics["mse"] < 1.0 / honest and verdict.reward <= GAMING_BOUND * honest, verdict.metrics
 
 
 # 3. Malformed output --------------------------------------------------------------------------

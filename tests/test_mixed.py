@@ -1,9 +1,11 @@
 """MIGRATE's mixed groups (docs/method.md §6): slot counts, the best past completions, and a real two-step toy
-run whose second step fills each group with on-policy, greedy and neighbourhood completions."""
+run whose second step fills each group with on-policy, greedy and neighbourhood completions, and
+resumes its on-policy slots after an interruption."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -14,8 +16,10 @@ from discover.config import ConfigError, parse_config
 from discover.mixed import NEIGHBOURHOOD_INSTRUCTION, best_past_rollouts, neighbourhood_prompt, slot_counts
 from discover.records import Rollout
 from discover.run import load_archive, read_rollouts
+from storage.rollout_parts import RolloutParts
 from storage.tables import write_records
 from tests.conftest import tiny_toy_config
+from tests.test_resume_generate import assert_same_rollouts
 
 
 def test_slot_counts_use_past_completions_only_when_there_are_some() -> None:
@@ -90,3 +94,18 @@ def test_a_mixed_step_fills_each_group_with_three_kinds_of_completion(tmp_path: 
         assert own[2].completion_ids == best.completion_ids and own[2].answer == best.answer  # the greedy slot
         assert all(len(r.sampler_logprobs) == len(r.completion_ids) for r in own)
         assert all(lp < 0 for r in own[2:] for lp, m in zip(r.sampler_logprobs, r.loss_mask) if m)  # re-scored
+
+    # A generate of step 1 killed after three on-policy rollouts were stored: run again, it reuses
+    # those three, makes the five others (the greedy and neighbourhood slots again, re-scored as
+    # one batch) and writes the file an uninterrupted generate wrote.
+    whole = list(rollouts)
+    parts = RolloutParts(layout.generated(1), Rollout)
+    digest = steps._generate_digest(run, 1)
+    for r in rollouts:
+        if (r.group, r.index) in {(0, 0), (0, 1), (1, 1)}:
+            parts.put(r.group, r.index, r, digest)
+    parts.put(0, 2, rollouts[2], digest)  # a greedy slot stored by an older version: made again, not reused
+    layout.rollouts(1).unlink()
+    steps.generate(run, 1)
+    assert json.loads(layout.generate_stats(1).read_text())["rollouts_reused"] == 3
+    assert_same_rollouts(read_rollouts(layout.rollouts(1)), whole)  # log-probs up to another batch's rounding

@@ -9,14 +9,17 @@ from pathlib import Path
 import pytest
 
 from evaluators.sandbox import ProcessSandbox, SandboxLimits, get_sandbox
-from tests.sandbox_backends import alive
+from tests.sandbox_backends import alive, without_isolation
 
 # Generous: the programs here are meant to succeed unless a test sets its own limit.
 LIMITS = SandboxLimits(timeout_s=120.0, memory_mb=1024, cpus=1, max_output_bytes=100_000)
 
 
-def run(program: str, argument=None, **limits):
-    return ProcessSandbox().run(program, "construct", argument, SandboxLimits(**{**LIMITS.__dict__, **limits}))
+def run(program: str, argument=None, isolated: bool = True, **limits):
+    """`isolated=False`: the layer under the namespaces (sandbox_backends.without_isolation), for
+    tests that find the candidate's processes by their host pids."""
+    box = ProcessSandbox() if isolated else without_isolation(ProcessSandbox())
+    return box.run(program, "construct", argument, SandboxLimits(**{**LIMITS.__dict__, **limits}))
 
 
 def _live_pids_in_group(pgid: int) -> list[int]:
@@ -96,7 +99,7 @@ def test_infinite_loop_is_killed_at_the_timeout_with_its_children():
         "        pass\n"
     )
     start = time.monotonic()
-    result = run(program, timeout_s=10.0)  # long enough for the child to start on a loaded machine
+    result = run(program, isolated=False, timeout_s=10.0)  # long enough for the child to start on a loaded machine
     assert time.monotonic() - start < 240  # stopped by the limit, not by the program's own end
     assert not result.ok and result.reason == "timeout after 10 s"
     pgid = _pid_from_logs(result.logs)
@@ -107,14 +110,14 @@ def test_infinite_loop_is_killed_at_the_timeout_with_its_children():
 
 def test_background_child_is_killed_after_a_normal_return():
     program = "import subprocess\ndef construct(parent):\n    return subprocess.Popen(['sleep', '1000']).pid\n"
-    result = run(program)
+    result = run(program, isolated=False)
     assert result.ok, result.reason
     assert _wait_dead(result.output)
 
 
 def test_child_that_left_the_process_group_is_killed_by_its_marker():
     program = "import subprocess\ndef construct(parent):\n    return subprocess.Popen(['sleep', '1000'], start_new_session=True).pid\n"
-    result = run(program)
+    result = run(program, isolated=False)
     assert result.ok, result.reason
     assert _wait_dead(result.output)
 

@@ -32,10 +32,14 @@ class Sampler(Protocol):
     (`two_phase.stream_two_phase`) on its backend's `engine.DecodeEngine`, with the step's adapter.
     """
 
-    def sample_stream(self, contexts: list[str], k: int, sampling: SamplingConfig, seed: int) -> Iterator[tuple[int, int, Completion]]:
+    def sample_stream(
+        self, contexts: list[str], k: int, sampling: SamplingConfig, seed: int, skip: frozenset[tuple[int, int]] = frozenset()
+    ) -> Iterator[tuple[int, int, Completion]]:
         """`k` completions per context (docs/method.md §4) with per-token sampler log-probs, as
         (context index, index among its k, completion), each yielded as soon as it is finished, so
-        that its evaluation can start while the others are generated; deterministic in `seed`."""
+        that its evaluation can start while the others are generated; deterministic in `seed`.
+        The (context index, index) keys in `skip` are not generated (a resumed `generate` has them);
+        the others are the completions they are in the full batch (`two_phase.stream_two_phase`)."""
         ...
 
     def while_training(self) -> AbstractContextManager[None]:
@@ -87,9 +91,11 @@ class Policy:
             self._trainer = self._load_trainer()
         return self._trainer
 
-    def sample_stream(self, contexts: list[str], k: int, sampling: SamplingConfig, seed: int) -> Iterator[tuple[int, int, Completion]]:
-        """`Sampler.sample_stream`: the completions as they finish."""
-        return self.sampler.sample_stream(contexts, k, sampling, seed)
+    def sample_stream(
+        self, contexts: list[str], k: int, sampling: SamplingConfig, seed: int, skip: frozenset[tuple[int, int]] = frozenset()
+    ) -> Iterator[tuple[int, int, Completion]]:
+        """`Sampler.sample_stream`: the completions as they finish (none for the keys in `skip`)."""
+        return self.sampler.sample_stream(contexts, k, sampling, seed, skip)
 
     def sample(self, contexts: list[str], k: int, sampling: SamplingConfig, seed: int) -> list[list[Completion]]:
         """The completions of `sample_stream`, `k` per context in order."""

@@ -1,14 +1,18 @@
 """An `engine.DecodeEngine` on a transformers model: batched sampling with a KV cache, one token at a time.
 
 Log-probabilities are under the temperature-scaled distribution the sampler draws from,
-`log_softmax(logits / temperature)`. All randomness comes from one `torch.Generator` per `poll`,
-seeded by the first submitted request, so the same submissions give the same tokens.
+`log_softmax(logits / temperature)`. Each request draws its tokens from its own random stream,
+seeded by its own seed (`sample_tokens`), never from one shared by the batch: a request's tokens
+do not depend on which other requests were decoded with it, so a resumed `generate` that decodes
+only the missing rollouts gets the tokens of the full batch (up to the floating-point differences
+batching makes in the logits: tests/test_resume_generate.py measures them on the tiny model).
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable
 
+import numpy as np
 import torch
 
 from discover.policy.engine import PhaseOutput, PhaseRequest
@@ -16,10 +20,22 @@ from discover.policy.engine import PhaseOutput, PhaseRequest
 MAX_SAMPLE_BATCH = 512  # sequences decoded together in one batch (memory bound only)
 
 
-class _Row:
-    __slots__ = ("prompt", "limit", "stop_ids", "stop_strings", "tail", "tokens", "logps", "stop")
+def sample_tokens(logp: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """One token per row of `logp` (rows x vocabulary, normalised log-probabilities) by inverting
+    the row's cumulative distribution at its uniform draw in [0, 1): an exact draw from the
+    categorical distribution, and a function of that row's probabilities and draw alone. The sum
+    runs in float64, so its rounding over a whole vocabulary (about 1e-11) is far below the float32
+    rounding of the probabilities themselves. A token of probability 0 is never drawn."""
+    cdf = torch.cumsum(logp.double().exp(), dim=-1)
+    u = uniforms.to(device=cdf.device, dtype=torch.float64).unsqueeze(-1) * cdf[:, -1:]
+    return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=logp.shape[-1] - 1)
 
-    def __init__(self, req: PhaseRequest):
+
+class _Row:
+    __slots__ = ("prompt", "limit", "stop_ids", "stop_strings", "tail", "tokens", "logps", "stop", "rng")
+
+    def __init__(self, req: PhaseRequest, seed: int):
+        self.rng = np.random.default_rng(seed % (2**63))  # this request's own stream: one uniform per token
         self.prompt = req.prompt_ids
         self.limit = req.max_tokens
         self.stop_ids = set(req.stop_token_ids)
@@ -34,9 +50,10 @@ class HFDecodeEngine:
     """Continues token prompts with a causal LM (any transformers model with a KV cache).
 
     Submitted requests wait until `poll`, which decodes the oldest `MAX_SAMPLE_BATCH` of them
-    together with one generator seeded by the first one's seed, and returns those: the same
-    submissions in the same order give the same tokens, and a caller streaming completions gets
-    each batch as soon as it is decoded (its evaluation can start while the next batch decodes).
+    together, each row sampling from its own request's seed, and returns those: the same request
+    gives the same tokens whatever else is in its batch (up to the batch's floating-point effect on
+    the logits), and a caller streaming completions gets each batch as soon as it is decoded (its
+    evaluation can start while the next batch decodes).
     """
 
     def __init__(self, model, tokenizer, device: torch.device, eos_ids: set[int], max_context: int | None):
@@ -61,9 +78,8 @@ class HFDecodeEngine:
         temperatures = {t for _, _, t, _ in batch}
         if len(temperatures) != 1:
             raise ValueError(f"one temperature per batch, got {sorted(temperatures)}")
-        rows = [_Row(req) for _, req, _, _ in batch]
-        gen = torch.Generator(device=self.device).manual_seed(batch[0][3] % (2**63))
-        self._decode(rows, batch[0][2], gen)
+        rows = [_Row(req, seed) for _, req, _, seed in batch]
+        self._decode(rows, batch[0][2])
         return [(key, PhaseOutput(r.tokens, r.logps, r.stop or "length")) for (key, _, _, _), r in zip(batch, rows)]
 
     def _finished(self, row: _Row, token: int) -> bool:
@@ -77,7 +93,7 @@ class HFDecodeEngine:
             row.stop = "length"
         return row.stop is not None
 
-    def _decode(self, rows: list[_Row], temperature: float, gen: torch.Generator) -> None:
+    def _decode(self, rows: list[_Row], temperature: float) -> None:
         # Each distinct prompt is prefilled once and its KV cache copied to every row that
         # continues it (the K rollouts of a group share one context): the prompt's forward pass
         # is most of the cost of a short answer on a CPU (benchmarks/cpu_decoding.py).
@@ -103,7 +119,8 @@ class HFDecodeEngine:
         active = list(range(len(rows)))
         while True:
             logp = torch.log_softmax(logits.float() / temperature, dim=-1)
-            sampled = torch.multinomial(logp.exp(), 1, generator=gen).squeeze(-1)
+            uniforms = torch.tensor([rows[i].rng.random() for i in active], dtype=torch.float64)
+            sampled = sample_tokens(logp, uniforms)
             chosen = logp.gather(-1, sampled.unsqueeze(-1)).squeeze(-1)
             keep = []
             for b, (t, lp) in enumerate(zip(sampled.tolist(), chosen.tolist())):

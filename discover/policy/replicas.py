@@ -17,11 +17,12 @@ replicas (`ReplicaDecodeEngine`, an `engine.DecodeEngine`).
   `vllm_backend.VLLMDecodeEngine` over `cluster.tensor_parallel_size` GPUs.
 - **Spreading.** The vLLM engine seeds every request on its own, so submissions go to the replica
   of their group (prompt index i → replica i mod R: every continuation of one prompt meets its
-  prefix cache) and the replicas decode in parallel. The transformers engine draws one random
-  stream per decoded batch (the oldest `MAX_SAMPLE_BATCH` queued continuations), so its batches are
+  prefix cache) and the replicas decode in parallel. The transformers engine seeds each request
+  too, but its logits move in the last bits with the rows decoded together (the oldest
+  `MAX_SAMPLE_BATCH` queued continuations), which can change a sampled token; so its batches are
   formed here exactly as one engine forms them and each batch is decoded whole by one replica
-  (round robin): the rollouts are those of the single-process path, token for token, and replicas
-  add no parallelism inside a batch.
+  (round robin): the rollouts are those of the single-process path, bit for bit, and replicas add
+  no parallelism inside a batch.
 - **The adapter** of each step travels by path (shared storage) with its content hash
   (`storage.atomic.content_hash`); a replica checks the hash before loading and, on a mismatch
   (a copy not yet visible on its machine), waits and checks again `ADAPTER_CHECKS` times, then
@@ -353,7 +354,10 @@ class ReplicaSampler:
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids)
 
-    def sample_stream(self, prompts: list[str], n: int, sampling: SamplingConfig, seed: int) -> Iterator[tuple[int, int, Completion]]:
+    def sample_stream(
+        self, prompts: list[str], n: int, sampling: SamplingConfig, seed: int, skip: frozenset[tuple[int, int]] = frozenset()
+    ) -> Iterator[tuple[int, int, Completion]]:
+        """`base.Sampler.sample_stream` on the replicas (none for the keys in `skip`)."""
         from discover.policy.chat_format import chat_format_for
         from discover.policy.two_phase import stream_two_phase
 
@@ -367,7 +371,7 @@ class ReplicaSampler:
         rendered = [fmt.render(self.tokenizer, p, thinking=sampling.think_end is not None, **kwargs) for p in prompts]
         engine = ReplicaDecodeEngine(self.actors, info["mode"], info["max_context"])
         eos = set(info["eos_ids"])
-        stream = stream_two_phase(engine, rendered, n, sampling, seed, fmt, encode=self.encode, decode=self.decode, eos_ids=eos)
+        stream = stream_two_phase(engine, rendered, n, sampling, seed, fmt, encode=self.encode, decode=self.decode, eos_ids=eos, skip=skip)
         return self._released_after(stream)
 
     def _released_after(self, stream: Iterator[tuple[int, int, Completion]]) -> Iterator[tuple[int, int, Completion]]:

@@ -72,15 +72,19 @@ class TransformersSampler:
 
     # ------------------------------------------------------------------ sampling
 
-    def sample_stream(self, prompts: list[str], n: int, sampling: SamplingConfig, seed: int) -> Iterator[tuple[int, int, Completion]]:
+    def sample_stream(
+        self, prompts: list[str], n: int, sampling: SamplingConfig, seed: int, skip: frozenset[tuple[int, int]] = frozenset()
+    ) -> Iterator[tuple[int, int, Completion]]:
         """`n` completions per prompt as (prompt index, index among its n, completion), as they
-        finish; identical tokens for the same seed (docs/method.md §4)."""
+        finish; identical tokens for the same seed (docs/method.md §4); none for the keys in `skip`."""
         fmt = self.chat_format(sampling.think_end)
         rendered = [self.render_prompt(p, sampling.think_end) for p in prompts]
         model = self.trainer.model
         model.eval()
         engine = HFDecodeEngine(model, self.tokenizer, self.trainer.device, self.eos_ids(), self._max_positions())
-        return stream_two_phase(engine, rendered, n, sampling, seed, fmt, encode=self.encode, decode=self.decode, eos_ids=self.eos_ids())
+        return stream_two_phase(
+            engine, rendered, n, sampling, seed, fmt, encode=self.encode, decode=self.decode, eos_ids=self.eos_ids(), skip=skip
+        )
 
     def while_training(self) -> AbstractContextManager[None]:
         """Nothing to hand back: sampling and training share one model."""

@@ -121,10 +121,15 @@ def stream_two_phase(
     decode: Callable[[list[int]], str],
     eos_ids: set[int],
     forced_phrase: str = FORCED_PHRASE,
+    skip: frozenset[Key] = frozenset(),
 ) -> Iterator[tuple[int, int, Completion]]:
     """`k` completions per prompt (docs/method.md §4) as (prompt index, index among its k, completion), each
     as soon as it is finished; deterministic in `seed` for a deterministic engine. `forced_phrase`
-    is Table 9's (tests shorten it)."""
+    is Table 9's (tests shorten it).
+
+    The keys in `skip` are not generated (a resumed `generate` has them stored already); every other
+    key keeps the seeds it has in the full batch (drawn from `seed` for all keys in order), so with an
+    engine that samples each request from its own seed the completions are those of the full batch."""
     if settings.temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {settings.temperature}")
     context = settings.context_tokens
@@ -135,7 +140,7 @@ def stream_two_phase(
         prompts = [list(p) + prefix for p in prompts]
     check_prompts(prompts, settings, context)
     run = _TwoPhase(engine, prompts, k, settings, seed, context, chat_format, encode, decode, eos_ids, forced_phrase)
-    return run.stream()
+    return run.stream(skip)
 
 
 class _TwoPhase:
@@ -166,10 +171,11 @@ class _TwoPhase:
             self.marker = Marker.of(settings.think_end, encode)
             self.forced_ids = encode(chat_format.forced_text(forced_phrase, settings.think_end))
 
-    def stream(self) -> Iterator[tuple[int, int, Completion]]:
+    def stream(self, skip: frozenset[Key] = frozenset()) -> Iterator[tuple[int, int, Completion]]:
         try:
             for key in self.keys:
-                yield from self._start(key)
+                if key not in skip:
+                    yield from self._start(key)
             while finished := self.engine.poll():
                 for tagged, out in finished:
                     phase, key = cast(tuple[str, Key], tagged)  # the keys submitted below

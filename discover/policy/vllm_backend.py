@@ -261,9 +261,11 @@ class VLLMSampler:
             self._lora = LoRARequest(**fresh_adapter(self.adapter_dir))
         return self._lora
 
-    def sample_stream(self, prompts: list[str], n: int, sampling: SamplingConfig, seed: int) -> Iterator[tuple[int, int, Completion]]:
+    def sample_stream(
+        self, prompts: list[str], n: int, sampling: SamplingConfig, seed: int, skip: frozenset[tuple[int, int]] = frozenset()
+    ) -> Iterator[tuple[int, int, Completion]]:
         """`n` completions per prompt through vLLM (docs/method.md §4) as (prompt index, index among its n,
-        completion), each as it finishes; sampler log-probs at the sampling temperature."""
+        completion), each as it finishes; sampler log-probs at the sampling temperature; none for the keys in `skip`."""
         tok = self.tokenizer
         fmt = chat_format_for(tok, sampling.think_end)
         kwargs = self.model_config.chat_template_kwargs
@@ -285,6 +287,7 @@ class VLLMSampler:
             encode=lambda s: [int(t) for t in tok.encode(s, add_special_tokens=False)],
             decode=tok.decode,
             eos_ids=eos_ids(self.path),
+            skip=skip,
         )
 
     def offload_trainer(self) -> dict[str, float]:

@@ -110,3 +110,11 @@ class Sandbox(Protocol):
         in evaluators/sandbox/native.py (NativeLimits, CaseRun, NativeRun).
         """
         ...
+
+
+TMPFS_MB = 256  # a candidate's /tmp (Docker: charged to the container's memory; process: to the run's cgroup)
+
+
+def tmpfs_mb(limits: SandboxLimits) -> int:
+    """/tmp's size: TMPFS_MB, or room for two files of the largest size the candidate may write."""
+    return max(TMPFS_MB, 2 * int(limits.max_file_mb) + 64)

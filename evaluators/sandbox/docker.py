@@ -54,7 +54,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from evaluators.sandbox.base import DATA_ENV, SandboxLimits, SandboxResult
+from evaluators.sandbox.base import DATA_ENV, SandboxLimits, SandboxResult, tmpfs_mb
 from evaluators.sandbox.docker_engine import (  # noqa: F401  (re-exported: tests and callers use them here)
     LABEL,
     OWNER_LABEL,
@@ -76,7 +76,6 @@ from evaluators.sandbox.run_outputs import compose_logs, failure_reason, parse_o
 log = logging.getLogger("discover.sandbox")
 KEEPER_UID, RUN_UID = 10000, 10001
 DATA_MOUNT = "/data"  # where a run's read-only data directory is bind-mounted
-TMPFS_MB = 256  # /tmp, charged to the container's memory limit
 SHM_MB = 16
 HEADROOM_MB = 128  # container memory on top of the candidate's limit (runner, keeper, page cache)
 BACKSTOP_S = 15.0  # the host kills the container this long after the timeout
@@ -195,7 +194,7 @@ class DockerSandbox:
             "entry": entry,
             "memory_mb": int(limits.memory_mb),
             "cpu_s": math.ceil(limits.timeout_s * max(1, limits.cpus)) + 5,
-            "fsize_mb": int(limits.max_file_mb),  # the tmpfs is sized to hold it (_tmpfs_mb)
+            "fsize_mb": int(limits.max_file_mb),  # the tmpfs is sized to hold it (base.tmpfs_mb)
             # pids_limit bounds the container; RLIMIT_NPROC (per uid, engine-wide) only as a
             # second line, generous because every container's candidate shares RUN_UID.
             "nproc": 4096,
@@ -330,7 +329,7 @@ class DockerSandbox:
 
     def _key(self, limits: SandboxLimits, data_dir: Path | None, device: str | None = None) -> tuple:
         gpus = ("all" if device is None else "" if device == "cpu" else str(device)) if self.gpu else ""
-        return (int(limits.memory_mb), int(limits.cpus), int(limits.max_processes), str(data_dir or ""), _tmpfs_mb(limits), gpus)
+        return (int(limits.memory_mb), int(limits.cpus), int(limits.max_processes), str(data_dir or ""), tmpfs_mb(limits), gpus)
 
     def _acquire(self, limits: SandboxLimits, data_dir: Path | None = None, device: str | None = None) -> _Container:
         key = self._key(limits, data_dir, device)
@@ -419,11 +418,6 @@ class DockerSandbox:
             self._api.remove_container(c.id, force=True)
         except Exception:
             pass  # already gone (auto_remove)
-
-
-def _tmpfs_mb(limits: SandboxLimits) -> int:
-    """/tmp's size: TMPFS_MB, or room for two files of the largest size the candidate may write."""
-    return max(TMPFS_MB, 2 * int(limits.max_file_mb) + 64)
 
 
 _live: weakref.WeakSet[DockerSandbox] = weakref.WeakSet()

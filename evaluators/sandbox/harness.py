@@ -7,9 +7,13 @@ path: the job's `sys_path` is the whole import path (the standard library and si
 never the project's source), so a candidate cannot import the evaluators or their data.
 When the job names `cgroup_procs` (the run's cgroup, evaluators/sandbox/cgroups.py), the
 harness writes its pid there first, so its whole process tree is counted and bounded.
+When the job names `isolation` (the process backend, evaluators/sandbox/isolation.py), the harness
+then enters new namespaces: from here on it runs as PID 2 of its own PID namespace, with a
+read-only view of the host, fresh /tmp and /dev/shm, no network, Landlock and seccomp; the process
+its parent started stays outside and exits as it does.
 Exit codes: 0 value written to output.json; 1 the candidate raised (traceback on stderr);
 3 the entry point is missing; 4 the return value is not JSON data; 5 the harness could not join
-the cgroup (no candidate code ran).
+the cgroup; 6 it could not isolate the candidate (no candidate code ran in either case).
 The candidate shares this interpreter and can subvert all of it; that only hurts itself,
 since whatever it leaves in output.json is untrusted data that the parent verifies.
 
@@ -31,7 +35,8 @@ import resource
 import sys
 import traceback
 
-EXIT_RAISED, EXIT_NO_ENTRY, EXIT_BAD_VALUE, EXIT_NO_CGROUP = 1, 3, 4, 5
+EXIT_RAISED, EXIT_NO_ENTRY, EXIT_BAD_VALUE, EXIT_NO_CGROUP, EXIT_NO_ISOLATION = 1, 3, 4, 5, 6
+ISOLATION_FAILED = "isolation-failed"  # written by root in the run directory: why isolation failed
 
 
 def _set_limits(job: dict) -> None:
@@ -58,6 +63,29 @@ def _join_cgroup(paths: list) -> bool:
         except OSError as err:
             print(f"could not join the run's cgroup ({path}): {err}", file=sys.stderr, flush=True)
             return False
+    return True
+
+
+def _isolate(spec: dict) -> bool:
+    """Namespaces, mounts, Landlock and seccomp (isolation.py, loaded by its path: the project is not
+    on the import path); returns in the candidate's process only. False (and why, in the run
+    directory's ISOLATION_FAILED, written before any candidate code ran) when it failed."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "isolation.py")
+    module_spec = importlib.util.spec_from_file_location("_discover_isolation", path)
+    isolation = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(isolation)
+    # The run directory as it is now: a failure half-way leaves us in new mounts, our cwd read-only.
+    here = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        isolation.enter(spec)
+    except isolation.IsolationError as err:
+        fd = os.open(ISOLATION_FAILED, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644, dir_fd=here)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(str(err))
+        print(f"the sandbox could not isolate the candidate: {err}", file=sys.stderr, flush=True)
+        return False
+    finally:
+        os.close(here)  # never left to the candidate: it opens the host's view of the run directory
     return True
 
 
@@ -148,6 +176,8 @@ def main() -> int:
         sys.path[:] = [str(p) for p in job["sys_path"]]
     if not _join_cgroup(job.get("cgroup_procs") or []):
         return EXIT_NO_CGROUP
+    if job.get("isolation") and not _isolate(job["isolation"]):
+        return EXIT_NO_ISOLATION
     _set_limits(job)
     if job.get("uid") is not None:
         _drop_privileges(int(job["uid"]), int(job["gid"]), job.get("keyctl"))

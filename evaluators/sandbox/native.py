@@ -11,7 +11,9 @@ to its own core and gives each case's cgroup a quota of one CPU (which, unlike p
 cannot undo), the docker backend gives each slot its own one-CPU container. Under the process
 backend as root each slot has its own uid and gid: its directory, the runner's work directories and
 the binary are root's with access for that gid alone (native_runner.py), so a program of another
-evaluation cannot enter, read or run them.
+evaluation cannot enter, read or run them. The process backend also isolates the compiler and each
+case with namespaces (a fresh /tmp, /dev/shm and System V IPC per case), Landlock and seccomp
+(isolation.py; docs/sandbox.md, Process).
 
 Host memory does not grow with the number of cases: a case's raw output (up to `output_bytes`) is
 judged as that case ends, in one judging thread, and dropped once `on_case` has seen it; only the
@@ -58,12 +60,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from evaluators.sandbox.isolation import EXTRA_TASKS
+
 RUNNER = Path(__file__).with_name("native_runner.py")
 # The AtCoder command line of docs/method.md §5b ({src} and {out} are filled in by the runner).
 COMPILE_COMMAND = ("g++", "-std=gnu++20", "-O2", "-DONLINE_JUDGE", "-DATCODER", "-o", "{out}", "{src}")
 BACKSTOP_S = 20.0  # the host gives up on a runner this long after its own limit should have ended a job
 CASE_HEADROOM_MB = 64  # a case's cgroup: its memory limit plus this (page cache of its output)
 COMPILE_TASKS = 64  # tasks of the compiler's tree (g++, cc1plus, as, ld)
+CASE_TMPFS_MB = 512  # each scratch tmpfs of the compiler or a case under the process backend (charged to its cgroup)
 ALLOCATION_FAILED = ("std::bad_alloc", "Cannot allocate memory", "memory exhausted", "out of memory")
 
 
@@ -343,7 +348,7 @@ class LocalSession:
     """A runner process on this machine (the process backend): pinned to the core that the fewest
     of our runners use, and, when we are root, dropping the program to a fresh unprivileged uid."""
 
-    def __init__(self, slot: int, limits: NativeLimits, layout: Any = None):
+    def __init__(self, slot: int, limits: NativeLimits, layout: Any = None, isolation: dict[str, Any] | None = None):
         from evaluators.sandbox.reaping import SCRATCH_DIRS, acquire_run_uid, keyctl_number, nproc_limit
 
         self.limits = limits
@@ -369,6 +374,9 @@ class LocalSession:
             "scratch": [d for d in SCRATCH_DIRS if d != "/dev/mqueue"] if self.uid is not None else [],
             "case_dir": True,
             "keyctl": keyctl_number() if self.uid is not None else None,  # a session keyring per child
+            # namespaces, Landlock and seccomp for the compiler and each case (isolation.py): the
+            # process backend's shared part (process.isolation) with a tmpfs size for the binary's files
+            "isolation": {**isolation, "tmpfs_mb": CASE_TMPFS_MB} if isolation else None,
         }
         self.stderr = tempfile.TemporaryFile()
         try:
@@ -410,7 +418,7 @@ class LocalSession:
         if "source" not in setup or self.layout is None:
             self._send({**setup, **self.common})
             return self.reader.read(timeout)
-        with self._cgroup(self.limits.compile_memory_mb, COMPILE_TASKS) as group:  # the compiler's tree too
+        with self._cgroup(self.limits.compile_memory_mb, COMPILE_TASKS + EXTRA_TASKS) as group:  # the compiler's tree too
             self._send({**setup, **self.common, "cgroup_procs": group.procs_files})
             return self.reader.read(timeout)
 
@@ -418,7 +426,8 @@ class LocalSession:
         if self.layout is None:
             self._send({"kind": "case", "index": index, "input": text})
             return self.reader.read(timeout)
-        with self._cgroup(self.limits.memory_mb + CASE_HEADROOM_MB, self.limits.max_processes) as group:
+        tasks = self.limits.max_processes + (EXTRA_TASKS if self.common["isolation"] and self.common["isolation"]["namespaces"] else 0)
+        with self._cgroup(self.limits.memory_mb + CASE_HEADROOM_MB, tasks) as group:
             self._send({"kind": "case", "index": index, "input": text, "cgroup_procs": group.procs_files})
             raw = self.reader.read(timeout)
             group.kill()  # anything the runner could not find (it kills by uid or marker)

@@ -25,7 +25,10 @@ when the host names one; oom_score_adj 1000, so that an out-of-memory kill takes
 first; and a wall-clock backstop after which the whole session is killed. Under the process
 backend each case also gets a cgroup made by the host (the message's `cgroup_procs`, joined
 before the uid drop, so the program's whole tree is bounded and its CPU counted, reaped or not) and
-a private directory (`case_dir`: its cwd, HOME and TMPDIR, 0700 and the uid's). The runner waits on
+a private directory (`case_dir`: its cwd, HOME and TMPDIR, 0700 and the uid's), and the compiler and
+each case are isolated (the setup's `isolation`, isolation.py, loaded by its path: new namespaces with
+a read-only host and fresh /tmp, /dev/shm and IPC, Landlock, seccomp), before the uid drop; the child
+the runner started then waits outside the PID namespace and exits as the program does. The runner waits on
 a pidfd, kills the program's process group while its leader is still unreaped, then reaps it with
 wait4 for its CPU time and peak resident memory, and finally kills every process of `uid` (or, when
 not root, every process carrying the run's environment marker), removes the System V IPC objects and
@@ -129,15 +132,48 @@ class Child:
             libc = ctypes.CDLL(None, use_errno=True)
             libc.syscall.restype = ctypes.c_long
             self.keyctl = (libc.syscall, ctypes.c_long(int(job["keyctl"])), ctypes.c_long(1))
+        self.isolation = None  # the process backend's: isolation.py, loaded by its path, and what it does
+        if job.get("isolation"):
+            import importlib.util
 
-    def popen(self, argv, limits, cgroup_procs=(), **kw):
+            path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "isolation.py")
+            spec = importlib.util.spec_from_file_location("_discover_isolation", path)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            self.isolation = (module, job["isolation"], module.loaders(), module.toolchain(self.env["PATH"]))
+
+    def isolation_spec(self, binds, home, compiler):
+        """The isolation of one child (isolation.py): `binds` [(path, writable)] shown in its fresh
+        /tmp, `home` its passwd entry's home; it may execute the loaders, the toolchain when it is
+        the `compiler`, and files under its own directories and scratch filesystems."""
+        if self.isolation is None:
+            return None
+        module, shared, loaders, toolchain = self.isolation
+        own = [path for path, _ in binds]
+        if shared["namespaces"]:
+            own += list(module.SCRATCH)
+        return {
+            "namespaces": shared["namespaces"],
+            "tmpfs_mb": shared["tmpfs_mb"],
+            "binds": binds,
+            "user": {"uid": self.uid, "gid": self.gid, "home": home} if self.uid is not None else None,
+            "exec": loaders + (toolchain if compiler else []) + own if shared["landlock"] else None,
+            "seccomp": shared["seccomp"],
+        }
+
+    def popen(self, argv, limits, cgroup_procs=(), isolation=None, **kw):
         """Start `argv` under `limits` ({name: (soft, hard)}) as the unprivileged uid, inside the
-        cgroup whose `cgroup.procs` files are `cgroup_procs` (the process backend's per-case group)."""
+        cgroup whose `cgroup.procs` files are `cgroup_procs` (the process backend's per-case group),
+        isolated as `isolation` says (isolation_spec: namespaces, Landlock, seccomp)."""
 
         def prepare():  # runs in the child before exec (we are single-threaded)
             for path in cgroup_procs:  # joined while still privileged: the whole tree is born inside
                 with open(path, "w") as f:
                     f.write(str(os.getpid()))
+            if isolation is not None:
+                # returns in the program's process only, PID 2 of a new PID namespace; the child
+                # we started waits outside and exits as the program does (isolation.py)
+                self.isolation[0].enter(isolation)
             if self.uid is not None:
                 os.setgroups([])
                 os.setgid(self.gid)
@@ -343,7 +379,14 @@ def compile_source(setup, child, work):
     with open(log_path, "wb") as log:
         child.env["TMPDIR"] = build
         proc = child.popen(
-            argv, limits, setup.get("cgroup_procs", ()), cwd=build, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+            argv,
+            limits,
+            setup.get("cgroup_procs", ()),
+            child.isolation_spec([(build, True)], build, compiler=True),
+            cwd=build,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
         timed_out, status, _, _ = child.wait(proc, timeout, start)
         del child.env["TMPDIR"]
@@ -410,10 +453,12 @@ def run_case(case, setup, child, work):
     cpu0, oom0 = (cgroup_cpu_s(), cgroup_oom_kills()) if setup.get("cgroup") else (None, None)
     with open(paths["input"], "rb") as stdin, open(paths["stdout"], "wb") as stdout, open(paths["stderr"], "wb") as stderr:
         start = time.monotonic()
+        binds = [(os.path.join(work, "bin"), False)] + ([(private, True)] if private is not None else [])
         proc = child.popen(
             [os.path.join(work, "bin", "main")],
             limits,
             case.get("cgroup_procs", ()),
+            child.isolation_spec(binds, private or os.path.join(work, "bin"), compiler=False),
             cwd=private or os.path.join(work, "bin"),
             stdin=stdin,
             stdout=stdout,

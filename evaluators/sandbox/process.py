@@ -30,24 +30,28 @@ so a candidate's @s is its own. Evaluations running at once are told apart this 
 directory is another uid's and 0700, and each run's cgroup has a CPU quota (`cpu_quota_missing`
 says when the machine allows none; docs/sandbox.md, "Evaluations running at the same time").
 
+Every candidate is isolated by the operating system first (evaluators/sandbox/isolation.py; the
+harness calls it): as root, new mount, network, IPC, UTS and PID namespaces with a read-only host,
+a fresh tmpfs on /tmp, /var/tmp, /dev/shm and /run/lock, the run's directory bound at its path and
+a passwd entry for its uid; Landlock (execve of the interpreter, the toolchain and its own files
+only) and a seccomp deny-list (built by libseccomp) for everyone. What the kernel lacks is found
+once (`isolation()`, a probe in a fresh process) and said once (`isolation_missing`).
+
 What this backend does NOT isolate (use the docker backend for untrusted models):
 - reading: the candidate can read every world-readable file (this repository and its evaluators
-  included, though it cannot import them) and, as a normal user, everything we can read and write;
-- writing: as root (dropped uid) it can still write world-writable places (/tmp) while it runs,
-  and may share such files with a run that runs at the same time if it makes them readable on
-  purpose; as a normal user nothing it wrote outside its run directory is removed afterwards;
-- the network: sockets are not blocked;
-- as a normal user: processes that leave the process group (setsid) are found by the cgroup, or
-  without one only by an environment marker (`/proc/*/environ`, evaded by a process that re-execs
-  itself with a cleaned environment; RLIMIT_CPU still ends it); RLIMIT_NPROC counts all of our
-  tasks; System V IPC objects are not removed;
+  included, though it cannot import them) and, as a normal user, everything we can read;
+- the kernel: it is shared (seccomp is a deny-list), and so are timing side channels;
+- as a normal user (no namespaces): the network, world-writable places such as /tmp (nothing it
+  wrote outside its run directory is removed afterwards), other processes (those that leave the
+  process group are found by the cgroup, or without one only by an environment marker); RLIMIT_NPROC
+  counts all of our tasks; System V IPC objects are not removed;
 - without a cgroup (only when allowed): memory is bounded per process (RLIMIT_AS), not for the tree;
-- disk: RLIMIT_FSIZE caps each file, not the number of files;
-- the kernel: no namespaces, no seccomp.
+- disk: RLIMIT_FSIZE caps each file, the tmpfs sizes the scratch filesystems, not the run directory.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import math
@@ -61,8 +65,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from evaluators.sandbox.base import DATA_ENV, BackendRefused, SandboxLimits, SandboxResult
+from evaluators.sandbox.base import DATA_ENV, BackendRefused, SandboxLimits, SandboxResult, tmpfs_mb
 from evaluators.sandbox.cgroups import Layout, RunCgroup, available, cpu_quota_missing
+from evaluators.sandbox.isolation import EXTRA_TASKS
 from evaluators.sandbox.reaping import (
     MARKER_VAR,
     acquire_run_uid,
@@ -82,9 +87,63 @@ from evaluators.sandbox.run_outputs import failure_reason, read_logs, read_outpu
 HARNESS = Path(__file__).with_name("harness.py")
 ALLOW_ENV = "DISCOVER_ALLOW_UNBOUNDED_PROCESS_TREE"  # "1": the config switch, for processes that read no config
 EXIT_NO_CGROUP = 5  # harness.py: it could not join the run's cgroup (the candidate never ran)
+EXIT_NO_ISOLATION = 6  # harness.py: it could not isolate the candidate (ISOLATION_FAILED says why)
+ISOLATION_FAILED = "isolation-failed"
 log = logging.getLogger(__name__)
 _warned = threading.Event()
 _warned_cpu = threading.Event()
+_warned_isolation = threading.Event()
+_isolation_lock = threading.Lock()
+_isolation: tuple[dict[str, Any], dict[str, str]] | None = None
+
+
+def isolation() -> tuple[dict[str, Any], dict[str, str]]:
+    """(what every run's isolation spec shares, {mechanism: why it is missing here}), found once per
+    process: namespaces (root only), Landlock and seccomp are each tried on a child that exits at
+    once (isolation.probe, in a fresh process). The shared part: "namespaces" (bool), "seccomp" (the
+    filter's BPF, base64, or None), "landlock" (bool), "python_tools" (isolation.python_tools)."""
+    global _isolation
+    with _isolation_lock:
+        if _isolation is None:
+            _isolation = _find_isolation()
+        return _isolation
+
+
+def _find_isolation() -> tuple[dict[str, Any], dict[str, str]]:
+    from evaluators.sandbox import isolation as iso
+
+    missing: dict[str, str] = {}
+    try:
+        bpf: str | None = base64.b64encode(iso.seccomp_filter()).decode()
+    except (ImportError, OSError, RuntimeError, ValueError) as err:  # no libseccomp.so.2 for pyseccomp to load
+        bpf, missing["seccomp"] = None, f"the seccomp filter cannot be built ({err}): install libseccomp2 (libseccomp.so.2)"
+    root = os.geteuid() == 0
+    if not root:
+        missing["namespaces"] = "not root: namespaces and mounts need CAP_SYS_ADMIN"
+    trial = {
+        "namespaces": root,
+        "tmpfs_mb": 16,
+        "binds": [],
+        "user": {"uid": 65534, "gid": 65534, "home": "/"},
+        "exec": iso.python_tools(),
+        "seccomp": bpf,
+    }
+    try:
+        out = subprocess.run(
+            [sys.executable, "-I", "-S", iso.__file__, json.dumps(trial)], capture_output=True, text=True, timeout=60, check=True
+        ).stdout
+        found = json.loads(out)
+    except (OSError, subprocess.SubprocessError, ValueError) as err:
+        found = {name: f"the probe failed: {err}" for name in ("namespaces", "landlock", "seccomp")}
+    for name, why in found.items():
+        missing.setdefault(name, why)  # the reasons found above stay
+    shared = {
+        "namespaces": "namespaces" not in missing,
+        "seccomp": bpf if "seccomp" not in missing else None,
+        "landlock": "landlock" not in missing,
+        "python_tools": trial["exec"],  # what a Python run may execute besides its own files
+    }
+    return shared, missing
 
 
 class UnboundedProcessTree(BackendRefused):
@@ -150,6 +209,14 @@ class ProcessSandbox:
                 "process sandbox: %s: a candidate spinning on every core can slow evaluations running beside it",
                 self.cpu_quota_missing,
             )
+        # {mechanism: why not} for namespaces, landlock and seccomp: what runs here go without
+        self.isolation, self.isolation_missing = isolation()
+        if self.isolation_missing and not _warned_isolation.is_set():
+            _warned_isolation.set()
+            log.warning(
+                "process sandbox: candidates run without %s (docs/sandbox.md, Process, says what that leaves open)",
+                "; ".join(f"{name}: {why}" for name, why in sorted(self.isolation_missing.items())),
+            )
 
     def run(
         self,
@@ -180,7 +247,8 @@ class ProcessSandbox:
         """Compile a C++ program once and run it on each case (evaluators/sandbox/native.py)."""
         from evaluators.sandbox.native import LocalSession, run_program
 
-        return run_program(lambda slot: LocalSession(slot, limits, self.layout), source, cases, limits, on_case)
+        isolation = self.isolation if (self.isolation["namespaces"] or self.isolation["landlock"] or self.isolation["seccomp"]) else None
+        return run_program(lambda slot: LocalSession(slot, limits, self.layout, isolation), source, cases, limits, on_case)
 
     def _run_in(
         self,
@@ -210,13 +278,16 @@ class ProcessSandbox:
         group = None
         try:
             if self.layout is not None:
-                group = RunCgroup(self.layout, limits.memory_mb, limits.max_processes, cpus=max(1, limits.cpus))
+                # the candidate's tasks, and the waiter and init of its PID namespace (isolation.py)
+                tasks = limits.max_processes + (EXTRA_TASKS if self.isolation["namespaces"] else 0)
+                group = RunCgroup(self.layout, limits.memory_mb, tasks, cpus=max(1, limits.cpus))
                 job["cgroup_procs"] = group.procs_files  # the harness joins it before dropping to `uid`
             if uid is not None:
                 job["uid"] = job["gid"] = uid
                 job["keyctl"] = keyctl_number()  # a session keyring of its own (harness.py)
                 for path in (workdir, *workdir.iterdir()):
                     os.chown(path, uid, uid)
+            job["isolation"] = self._isolation_spec(workdir, limits, uid, data_dir)
             (workdir / "job.json").write_text(json.dumps(job), encoding="utf-8")
             return self._spawn(workdir, limits, uid, data_dir, device, group)
         finally:
@@ -226,6 +297,27 @@ class ProcessSandbox:
                 kill_uid(uid)
                 remove_owned(uid)  # its files in /tmp, /var/tmp, /run/lock, /dev/shm; its IPC objects
                 release_run_uid(uid)
+
+    def _isolation_spec(self, workdir: Path, limits: SandboxLimits, uid: int | None, data_dir: Path | None) -> dict[str, Any] | None:
+        """What harness.py's isolation does for this run (evaluators/sandbox/isolation.py)."""
+        from evaluators.sandbox import isolation as iso
+
+        shared = self.isolation
+        if not (shared["namespaces"] or shared["landlock"] or shared["seccomp"]):
+            return None
+        binds = [[str(workdir), True]] + ([[str(Path(data_dir).resolve()), False]] if data_dir is not None else [])
+        if shared["namespaces"]:  # the interpreter and its import path, should they live under /tmp
+            interpreter = [os.path.dirname(os.path.realpath(sys.executable)), sys.prefix, sys.base_prefix]
+            binds += [[path, False] for path in iso.hidden_by_scratch([*candidate_sys_path(), *interpreter])]
+        private = [str(workdir), *iso.SCRATCH] if shared["namespaces"] else [str(workdir)]
+        return {
+            "namespaces": shared["namespaces"],
+            "tmpfs_mb": tmpfs_mb(limits),
+            "binds": binds,
+            "user": {"uid": uid, "gid": uid, "home": str(workdir)} if uid is not None else None,
+            "exec": shared["python_tools"] + private if shared["landlock"] else None,
+            "seccomp": shared["seccomp"],
+        }
 
     def _spawn(
         self,
@@ -279,6 +371,10 @@ class ProcessSandbox:
                 logs=logs,
                 reason=f"memory limit ({limits.memory_mb} MB) exceeded by the process tree: the out-of-memory killer fired",
             )
+        if returncode == EXIT_NO_ISOLATION:
+            why = _isolation_failure(workdir)
+            if why is not None:  # written by root before any candidate code ran: ours to fix
+                raise RuntimeError(f"the process sandbox could not isolate the candidate: {why}")
         if returncode == EXIT_NO_CGROUP and group is not None and not group.cpu_s():
             # nothing ever ran in the group (a candidate that exits with 5 itself did): ours to fix
             raise RuntimeError(f"the process sandbox could not move the candidate into its cgroup: {last_err_line}")
@@ -286,6 +382,18 @@ class ProcessSandbox:
             output, reason = read_output(workdir / "output.json", cap)
             return SandboxResult(ok=not reason, output=output, reason=reason, logs=logs)
         return SandboxResult(ok=False, reason=failure_reason(returncode, last_err_line, limits), logs=logs)
+
+
+def _isolation_failure(workdir: Path) -> str | None:
+    """Why harness.py could not isolate the run, when root wrote it (a candidate, another uid, cannot
+    forge a root-owned file); None otherwise (then an exit status 6 is the candidate's own)."""
+    path = workdir / ISOLATION_FAILED
+    try:
+        if os.geteuid() != 0 or path.lstat().st_uid != 0:
+            return None
+        return path.read_text(encoding="utf-8", errors="replace")[:500]
+    except OSError:
+        return None
 
 
 def _thread_env(limits: SandboxLimits) -> dict[str, str]:

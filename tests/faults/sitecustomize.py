@@ -14,7 +14,12 @@ end: before the task runs, or after its output is written but before it is recor
 of the run's initialisation: create_run (end: config.yaml written), initialise (start),
 save_archive (end: archive STEP written), atomic_dir (end: a checkpoint STEP written to its
 temporary folder, not yet renamed), or `candidate` with PHASE a number N: right after the N-th
-candidate result of step STEP is stored (storage/candidates.py).
+candidate result of step STEP is stored (storage/candidates.py), or `rollout` with PHASE a number
+N: right after the N-th rollout of step STEP is stored while it is generated (storage/rollout_parts.py).
+
+- DISCOVER_KILL_RANK=R: a rank R of sharded training (discover/policy/sharded.py) SIGKILLs itself
+  when it starts accumulating gradients, as a rank lost mid-step (the other ranks are waiting in
+  its collectives).
 
 - DISCOVER_EVAL_LOG=PATH appends one line "STEP KEY PID" to PATH each time a candidate is really
   evaluated (discover.evaluation.run_job), in whichever process runs it (engine workers too), so
@@ -38,6 +43,7 @@ CRASH = os.environ.get("DISCOVER_CRASH_AT", "")
 HOLD = os.environ.get("DISCOVER_HOLD_AT", "")
 EVAL_LOG = os.environ.get("DISCOVER_EVAL_LOG", "")
 EVAL_ATTEMPTS = os.environ.get("DISCOVER_EVAL_ATTEMPTS", "")
+KILL_RANK = os.environ.get("DISCOVER_KILL_RANK", "")
 
 
 def _at(name: str, step: int, phase: str, run: object = None) -> None:
@@ -113,6 +119,19 @@ def _install() -> None:
 
     CandidateStore.put = counted_put
 
+    from storage.rollout_parts import RolloutParts
+
+    put_rollout, generated = RolloutParts.put, {}
+
+    @functools.wraps(put_rollout)
+    def counted_rollout(self, group, index, rollout, inputs):
+        put_rollout(self, group, index, rollout, inputs)
+        step = _step_of(self.folder.parent)
+        generated[step] = generated.get(step, 0) + 1
+        _at("rollout", step, str(generated[step]))
+
+    RolloutParts.put = counted_rollout
+
 
 def _when_imported(name: str, patch) -> None:
     """Call `patch(module)` right after module `name` is first imported, without importing it here:
@@ -173,8 +192,26 @@ def _fail_evaluations(evaluation) -> None:
     evaluation.run_job = attempted
 
 
+def _kill_rank() -> None:
+    from discover.policy import trainer
+
+    accumulate = trainer.accumulate_gradients
+
+    @functools.wraps(accumulate)
+    def killed(*args, **kwargs):
+        import torch.distributed as dist
+
+        if kwargs.get("distributed") and dist.get_rank() == int(KILL_RANK):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return accumulate(*args, **kwargs)
+
+    trainer.accumulate_gradients = killed
+
+
 if CRASH or HOLD:
     _install()
+if KILL_RANK:
+    _kill_rank()
 _patches = [patch for on, patch in ((EVAL_LOG, _log_evaluations), (EVAL_ATTEMPTS, _fail_evaluations)) if on]
 if _patches:
     _when_imported("discover.evaluation", lambda module: [patch(module) for patch in _patches])

@@ -26,6 +26,14 @@ acceptance and reward.
   values) rewards sharpening any valid output (raising it to a power > 1), which makes the output too
   sure and costs count-scale likelihood; the output's normalised count-scale Poisson must reach
   LIKELIHOOD_SHARE of the MAGIC seed's on the same split (computed here, in Baselines.of).
+- The calibration rule (docs/method.md §5d "The calibration rule"): an output that passes the likelihood rule
+  can still spend likelihood it gained elsewhere (a little of the gene means or of each cell's own profile
+  mixed into MAGIC) on sharpening. The power `q*` that maximises the likelihood of the held-out counts under the
+  output's per-cell profiles (`calibration_power`, `profile_poisson`: what the MSE sees) says how sharp it is:
+  raising an output to the power p divides its `q*` by p, scaling its rows changes nothing. An output sharper
+  than the MAGIC seed is also scored flattened to MAGIC's sharpness, raised to `q*(D) / q*(MAGIC seed)`, and the
+  reward is 1 / max(MSE, that MSE): sharpening any output beyond MAGIC's sharpness, by any power, earns nothing;
+  the MAGIC seed, and any output no sharper, is scored as before.
 - And the dropout rule (docs/method.md §5d "The dropout rule"): among the entries whose train
   count is 0, the output must rank those that hold held-out molecules above those that do not
   (AUC >= DROPOUT_AUC_MIN). Any function of each entry's own train count (the input scaled,
@@ -54,6 +62,13 @@ COUNT_POISSON_MIN = (
 LIKELIHOOD_SHARE = (
     0.985  # docs/method.md §5d likelihood rule: the least share of the MAGIC seed's normalised count-scale Poisson on the same split
 )
+CALIBRATION_POWERS = (
+    0.05,
+    5.0,
+)  # docs/method.md §5d calibration rule: the powers searched for the one that maximises the profile likelihood
+CALIBRATION_TOLERANCE = 1e-7  # ... to this absolute precision (the likelihood is convex in the power)
+SAME_SHARPNESS = 1e-6  # ... a ratio q*(D) / q*(MAGIC seed) this close to 1 is 1: the search's precision, so that the
+# MAGIC seed run elsewhere (other BLAS, last bits apart) keeps its 1 / MSE exactly
 BASELINE_PROGRAM = "magic"  # docs/method.md §5d likelihood rule: the honest baseline (programs/magic.py, the seed), run on the host
 
 
@@ -81,6 +96,50 @@ def count_poisson(test: np.ndarray, denoised: np.ndarray) -> float:
     Poisson negative log-likelihood of the held-out counts T under the output put on their scale."""
     rate = denoised * (test.sum() / denoised.sum())
     return float(np.mean(rate - test * np.log(rate + POISSON_EPS)))
+
+
+def powered(denoised: np.ndarray, power: float) -> np.ndarray:
+    """docs/method.md §5d calibration rule: D ** power on the positive entries (0 stays 0), each row divided by its
+    largest entry ** power (the rule and the MSE see each row's profile only; dividing keeps every power in range)."""
+    positive = denoised > 0
+    logs = np.where(positive, np.log(np.where(positive, denoised, 1.0)), -np.inf)
+    top = logs.max(axis=1, keepdims=True)
+    return np.where(positive, np.exp(power * (logs - np.where(np.isfinite(top), top, 0.0))), 0.0)
+
+
+def profile_poisson(test: np.ndarray, denoised: np.ndarray) -> float:
+    """docs/method.md §5d calibration rule: mean(L - T ln(L + 1e-6)) with L each row of D scaled to that row's held-out
+    total: the Poisson negative log-likelihood of the held-out counts under the output's per-cell profiles, which are
+    all the MSE sees (a row of D that is all zero predicts nothing)."""
+    rows = denoised.sum(axis=1, keepdims=True)
+    rate = denoised * (test.sum(axis=1, keepdims=True) / np.where(rows > 0, rows, 1.0))
+    return float(np.mean(rate - test * np.log(rate + POISSON_EPS)))
+
+
+def calibration_power(test: np.ndarray, denoised: np.ndarray) -> float:
+    """docs/method.md §5d calibration rule: q* = argmin over q in CALIBRATION_POWERS of profile_poisson(T, D ** q).
+    Up to the 1e-6 it is a constant - q sum(T ln D) + sum_i T_i ln sum_j D_ij ** q, convex in q, so the bounded search
+    finds the one minimum; q*(D ** p) = q*(D) / p exactly, and scaling the rows of D changes nothing."""
+    from scipy.optimize import minimize_scalar
+
+    low, high = CALIBRATION_POWERS
+    found = minimize_scalar(
+        lambda q: profile_poisson(test, powered(denoised, q)),
+        bounds=(low, high),
+        method="bounded",
+        options={"xatol": CALIBRATION_TOLERANCE},
+    )
+    return float(found.x)
+
+
+def calibrated_mse(test: np.ndarray, denoised: np.ndarray, magic_power: float) -> tuple[float, float]:
+    """docs/method.md §5d calibration rule: (q*(D), the MSE of D raised to min(1, q*(D) / q*(MAGIC seed))): the
+    output flattened to the MAGIC seed's sharpness where it is sharper. For D = S ** p sharper than MAGIC the power
+    is q*(S) / p and the output scored is S ** (q*(S) / q*(MAGIC seed)), whatever p; an output no sharper than
+    MAGIC (the MAGIC seed included) is scored as it is."""
+    power = calibration_power(test, denoised)
+    exponent = min(1.0, power / magic_power)
+    return power, mse(test, denoised if abs(exponent - 1.0) <= SAME_SHARPNESS else powered(denoised, exponent))
 
 
 def dropout_auc(train: np.ndarray, test: np.ndarray, denoised: np.ndarray) -> float | None:
@@ -114,6 +173,7 @@ class Baselines:
     count_poisson_none: float  # the count-scale rule's figure of D = train
     count_poisson_perfect: float  # ... and of D = test
     count_poisson_magic: float  # the normalised count-scale Poisson of the MAGIC seed on this split (the likelihood rule's reference)
+    calibration_power_magic: float  # q* of the MAGIC seed on this split (the calibration rule's reference)
 
     @classmethod
     def of(cls, split: Split) -> Baselines:
@@ -121,7 +181,8 @@ class Baselines:
         from evaluators.bio.denoising.sources import run_program
 
         none, perfect = count_poisson(split.test, split.train), count_poisson(split.test, split.test)
-        magic = count_poisson(split.test, np.asarray(run_program(BASELINE_PROGRAM, split), dtype=np.float64))
+        seed = np.asarray(run_program(BASELINE_PROGRAM, split), dtype=np.float64)
+        magic = count_poisson(split.test, seed)
         return cls(
             mse_none=mse(split.test, split.train),
             poisson_none=poisson(split.train_total, split.test, split.train),
@@ -130,15 +191,18 @@ class Baselines:
             count_poisson_none=none,
             count_poisson_perfect=perfect,
             count_poisson_magic=normalized(magic, none, perfect),
+            calibration_power_magic=calibration_power(split.test, seed),
         )
 
 
 def measure(split: Split, baselines: Baselines, denoised: np.ndarray) -> dict[str, float]:
-    """MSE, Poisson, their normalised values and the score (published), and our two validity figures."""
+    """MSE, Poisson, their normalised values and the score (published), our validity figures, and the calibration
+    rule's power q* and MSE at the MAGIC seed's sharpness."""
     m = mse(split.test, denoised)
     p = poisson(split.train_total, split.test, denoised)
     c = count_poisson(split.test, denoised)
     auc = dropout_auc(split.train, split.test, denoised)
+    q, m_calibrated = calibrated_mse(split.test, denoised, baselines.calibration_power_magic)
     m_norm = normalized(m, baselines.mse_none, baselines.mse_perfect)
     p_norm = normalized(p, baselines.poisson_none, baselines.poisson_perfect)
     return {
@@ -149,6 +213,8 @@ def measure(split: Split, baselines: Baselines, denoised: np.ndarray) -> dict[st
         "score": (m_norm + p_norm) / 2.0,  # docs/method.md §5d: the mean of the two normalised metrics
         "count_poisson": c,
         "count_poisson_normalized": normalized(c, baselines.count_poisson_none, baselines.count_poisson_perfect),
+        "calibration_power": q,
+        "mse_calibrated": m_calibrated,
     } | ({} if auc is None else {"dropout_auc": auc})  # absent when the split has no train-zero entries of both kinds
 
 
@@ -182,7 +248,8 @@ def check_denoised(value: object, split: Split) -> tuple[np.ndarray | None, str]
 
 def judge(split: Split, baselines: Baselines, value: object) -> EvalResult:
     """The verdict on a denoised matrix: validity, metrics, the published acceptance (normalised Poisson in
-    [0.97, 1]), our count-scale, likelihood and dropout rules, and reward 1 / MSE (docs/method.md §5d)."""
+    [0.97, 1]), our count-scale, likelihood and dropout rules, and reward 1 / MSE under our calibration rule
+    (docs/method.md §5d)."""
     Y, reason = check_denoised(value, split)
     if Y is None:
         return EvalResult.invalid(reason)
@@ -226,5 +293,10 @@ def judge(split: Split, baselines: Baselines, value: object) -> EvalResult:
             f"molecules with AUC {auc:.4f} < {DROPOUT_AUC_MIN} (0.5: a constant there, as any function of each entry's "
             f"own count is; docs/method.md §5d dropout rule)",
         )
-    reward = 1.0 / max(metrics["mse"], MSE_FLOOR)  # the released code's reward: 1 / MSE
-    return EvalResult(reward=reward, valid=True, metrics=metrics)
+    return EvalResult(reward=reward_of(metrics), valid=True, metrics=metrics)
+
+
+def reward_of(metrics: dict[str, float]) -> float:
+    """The reward of a valid output: the released code's 1 / MSE, with the MSE taken no lower than the output's MSE
+    flattened to the MAGIC seed's sharpness (docs/method.md §5d calibration rule)."""
+    return 1.0 / max(metrics["mse"], metrics["mse_calibrated"], MSE_FLOOR)

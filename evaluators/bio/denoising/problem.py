@@ -11,8 +11,10 @@ One evaluation:
    output as .npy bytes (the limits on the returned value and on file sizes grow to fit the matrix);
 3. here, outside the candidate's process: the bytes are decoded without pickle, header first
    (npy.py), checked, scored (metrics.py), accepted if the normalised Poisson is in [0.97, 1] and
-   the count-scale, likelihood and dropout rules hold, and rewarded 1 / MSE. The likelihood rule's
-   reference, the MAGIC seed's count-scale figure, is computed here once per split (step 1).
+   the count-scale, likelihood and dropout rules hold, and rewarded 1 / MSE, the MSE taken no lower
+   than the output's flattened to the MAGIC seed's sharpness (the calibration rule). The references of the
+   likelihood and calibration rules, the MAGIC seed's count-scale figure and calibration power, are
+   computed here once per split (step 1).
 
 The test half lives only in this process's memory. Under the docker backend the candidate runs in
 a container that sees only the data directory. The process backend cannot hide what is
@@ -222,6 +224,12 @@ class DenoisingProblem(BaseProblem):
                     else ""
                 )
                 + (f", dropout AUC {construction['dropout_auc']:.4f}" if "dropout_auc" in construction else "")
+                + (
+                    f", MSE flattened to the MAGIC seed's sharpness {construction['mse_calibrated']:.6f} (calibration power "
+                    f"{construction['calibration_power']:.4f})"
+                    if "mse_calibrated" in construction
+                    else ""
+                )
                 + "."
             )
         return "\n\n".join(parts)

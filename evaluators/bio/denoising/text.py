@@ -36,8 +36,13 @@ Your output is rejected (reward 0) unless
   largest entries, lowers the MSE but makes it too sure of itself and fails this rule);
 - among the entries where X is 0, it ranks those where T holds molecules above the others with an
   AUC of at least {DROPOUT_AUC_MIN:g} (a function of each entry's own count alone scores 0.5).
-Then the reward is 1 / MSE. It is also rejected if it holds NaN or inf, a negative or subnormal
-value, a value above sum(X), is all zero, or has another shape than X.
+Then the reward is 1 / MSE, with the MSE taken no lower than that of your output flattened to the
+initial MAGIC program's sharpness where it is sharper: q*, the power that maximises the count-scale
+likelihood of D ** q, is found for D and for MAGIC, and D ** min(1, q*(D) / q*(MAGIC)) is scored too
+(raising D beyond MAGIC's sharpness changes nothing in that figure; the reward is
+1 / max(MSE of D, MSE of that)). It is also
+rejected if it holds NaN or inf, a negative or subnormal value, a value above sum(X), is all zero,
+or has another shape than X.
 
 What is known to work: diffusion over a graph of similar cells (MAGIC) with the "reversed"
 normalisation order (square root of the counts first, then divide each cell by its total, and
