@@ -5,7 +5,7 @@ UV_VERSION := 0.13.9
 TOOLS := .cache/tools
 UV := $(TOOLS)/bin/uv
 VENV := .venv
-EXTRAS := --extra dev --extra bio --extra real-model
+EXTRAS := --extra dev --extra bio --extra real-model --extra ray
 export UV_PROJECT_ENVIRONMENT := $(abspath $(VENV))
 export UV_LINK_MODE := copy
 
@@ -15,7 +15,7 @@ $(UV):
 	$(PYTHON) -m venv $(TOOLS)
 	$(TOOLS)/bin/pip install --quiet uv==$(UV_VERSION)
 
-$(VENV)/.synced: $(UV) pyproject.toml uv.lock
+$(VENV)/.synced: $(UV) pyproject.toml uv.lock Makefile
 	$(UV) sync --frozen $(EXTRAS)
 	touch $@
 

@@ -13,8 +13,14 @@ where a GPU check's results file (benchmarks/results/gpu-*.json, docs/gpu-check.
 measured figure for a model, the newest file's figure replaces the assumption and is labelled
 with the file. The formula is `step_seconds`, in one place.
 
-Other modes (the Ray generation replicas' `--overhead`) join the mutually exclusive group of
-`main` as further flags.
+`--overhead` runs a 2-step toy run (the tiny model on CPU) in the step's process and on
+`--replicas` generation replicas of a Ray instance the run starts on the loopback, and prints the
+generate task's seconds of each step in both and their ratio (replicas / single), and whether the
+step-0 rollouts are the same tokens:
+
+    python benchmarks/cluster.py --overhead [--steps 2] [--groups 4] [--rollouts 8] [--replicas 2] [--out DIR]
+
+Step 0 of the replica run includes the replicas' start and model load; later steps load an adapter.
 """
 
 from __future__ import annotations
@@ -23,7 +29,10 @@ import argparse
 import dataclasses
 import json
 import math
+import os
+import shutil
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -221,10 +230,73 @@ _FLAGS: dict[str, tuple[str | None, str]] = {
 }
 
 
+def config(run_dir: Path, args: argparse.Namespace, replicas: int) -> dict:
+    out: dict = {
+        "problem": "toy",
+        "run_dir": str(run_dir),
+        "seed": 1,
+        "steps": args.steps,
+        "groups": args.groups,
+        "rollouts_per_group": args.rollouts,
+        "model": {"name": "tiny", "lora_rank": 4, "device": "cpu"},
+        "train": {"learning_rate": 0.003},
+        "sampling": {"context_tokens": 512, "thinking_budget": 512, "max_answer_tokens": args.answer_tokens},
+        "problem_options": {"lenient": True},
+    }
+    if replicas > 1:
+        out["cluster"] = {"generation_replicas": replicas}
+    return out
+
+
+def generate_seconds(run_dir: Path, step: int) -> float:
+    from storage.manifest import read_manifest
+
+    entry = read_manifest(run_dir / "manifest.json")["tasks"][f"{step}/generate"]
+    return entry["finished"] - entry["started"]
+
+
+def overhead(args: argparse.Namespace) -> int:
+    """The generate task in the step's process against on R replicas (docs/cluster.md, "What is compared, and what was run")."""
+    import pyarrow.parquet as pq
+
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "600")
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    sys.path.insert(0, str(ROOT))
+    from flows.run_flow import discovery_run
+
+    out = args.out or Path(tempfile.mkdtemp(prefix="bench-cluster-"))
+    runs = {}
+    for name, r in (("single", 1), ("replicas", args.replicas)):
+        run_dir = out / name
+        shutil.rmtree(run_dir, ignore_errors=True)
+        discovery_run(config=config(run_dir, args, r))
+        runs[name] = run_dir
+    tokens = [[row["completion_ids"] for row in pq.read_table(runs[n] / "steps" / "0000" / "rollouts.parquet").to_pylist()] for n in runs]
+    print(
+        f"\ntoy, tiny model on CPU: {args.groups}x{args.rollouts} rollouts of <= {args.answer_tokens} tokens per step; "
+        f"{args.replicas} replicas on a local Ray instance; {os.cpu_count()} CPUs"
+    )
+    print(f"{'step':>4} {'single (s)':>10} {'replicas (s)':>12} {'replicas/single':>15}")
+    for step in range(args.steps):
+        a, b = generate_seconds(runs["single"], step), generate_seconds(runs["replicas"], step)
+        print(f"{step:>4} {a:>10.2f} {b:>12.2f} {b / a:>15.2f}")
+    same = tokens[0] == tokens[1]
+    print(f"step 0 rollouts, token for token the same: {same}")
+    return 0 if same else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     mode = ap.add_mutually_exclusive_group(required=True)
     mode.add_argument("--cost-model", action="store_true", help="estimated step time by task against the number of GPUs")
+    mode.add_argument("--overhead", action="store_true", help="the generate task on Ray replicas against the step's process (toy, CPU)")
+    ap.add_argument("--steps", type=int, default=2, help="--overhead: steps of each run")
+    ap.add_argument("--groups", type=int, default=4, help="--overhead: groups a step")
+    ap.add_argument("--rollouts", type=int, default=8, help="--overhead: rollouts a group")
+    ap.add_argument("--answer-tokens", type=int, default=8, help="--overhead: sampling.max_answer_tokens")
+    ap.add_argument("--replicas", type=int, default=2, help="--overhead: generation replicas")
+    ap.add_argument("--out", type=Path, default=None, help="--overhead: keep the runs here (default: a temporary folder)")
     ap.add_argument("--gpus", default=",".join(map(str, GPU_COUNTS)), help="comma-separated GPU counts")
     ap.add_argument("--results-dir", type=Path, default=RESULTS, help="where the GPU check's gpu-*.json files are")
     for flag in _FLAGS:
@@ -236,6 +308,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--gpus takes comma-separated whole numbers, got {args.gpus!r}")
     if any(n < 1 for n in gpus):
         ap.error(f"--gpus must all be >= 1, got {args.gpus!r}")
+    if args.overhead:
+        return overhead(args)
     if args.cost_model:
         results = newest_results(args.results_dir)
         models = _override(with_measurements(DEFAULTS, results), args)

@@ -292,11 +292,45 @@ class MetricsConfig(_Section):
 
 
 class ClusterConfig(_Section):
-    """How training is spread over processes (docs/cluster.md)."""
+    """How generation and training are spread over processes and machines (docs/cluster.md).
+
+    Without this section everything runs as before: generation in the step's own process, training
+    in one process.
+    """
 
     trainer_world_size: int = Field(
         1, ge=1, description="data-parallel training ranks on this machine (FSDP2; one GPU each, or CPU processes); 1: one process"
     )
+    address: str | None = Field(
+        None,
+        description="the Ray cluster that holds the generation replicas ('HOST:6379', 'ray://HOST:10001' or 'auto'); "
+        "null: a Ray instance on the loopback started for the run",
+    )
+    generation_replicas: int = Field(
+        1,
+        ge=1,
+        description="generation replicas, each a Ray actor holding a decode engine; 1: generation in the step's process, no Ray",
+    )
+    tensor_parallel_size: int = Field(1, ge=1, description="GPUs of one generation replica (vLLM's tensor parallelism); 1 on CPU")
+    share_gpus: bool = Field(
+        False,
+        description="generation replicas and training share the GPUs: a replica asks Ray for half a GPU and its vLLM "
+        "engine sleeps between generations (needs tensor_parallel_size 1)",
+    )
+
+    @model_validator(mode="after")
+    def _replica_settings_fit(self) -> ClusterConfig:
+        if self.generation_replicas == 1 and self.tensor_parallel_size > 1:
+            raise ValueError(
+                f"cluster.tensor_parallel_size ({self.tensor_parallel_size}) applies to generation replicas; set "
+                "cluster.generation_replicas to 2 or more (vLLM in the step's process uses model.generation_devices instead)"
+            )
+        if self.share_gpus and self.tensor_parallel_size > 1:
+            raise ValueError(
+                f"cluster.share_gpus gives a replica half of one GPU, but cluster.tensor_parallel_size is "
+                f"{self.tensor_parallel_size}; set tensor_parallel_size to 1 or share_gpus to false"
+            )
+        return self
 
 
 class RunConfig(_Section):
@@ -336,6 +370,27 @@ class RunConfig(_Section):
             raise ValueError(
                 f"sampling.thinking_budget ({s.thinking_budget}) exceeds sampling.context_tokens "
                 f"({s.context_tokens}); lower the budget or raise the context"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _one_ray_cluster(self) -> RunConfig:
+        c, e = self.cluster, self.evaluation
+        replicas = c.generation_replicas > 1
+        if c.address is not None and not replicas:
+            raise ValueError(
+                f"cluster.address {c.address!r} is where generation replicas run; set cluster.generation_replicas "
+                "to 2 or more, or remove cluster.address (candidates use evaluation.address)"
+            )
+        if replicas and e.runner == "ray" and e.address is not None and c.address is not None and e.address != c.address:
+            raise ValueError(
+                f"evaluation.address {e.address!r} and cluster.address {c.address!r} name two Ray clusters, but a run "
+                "connects to one; give both the same address, or leave one of them null"
+            )
+        if (c.share_gpus or c.tensor_parallel_size > 1) and self.model.device == "cpu":
+            raise ValueError(
+                "cluster.share_gpus and cluster.tensor_parallel_size > 1 are for GPUs, but model.device is 'cpu'; "
+                "remove them or set model.device to 'auto' or 'cuda:N'"
             )
         return self
 

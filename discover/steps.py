@@ -229,10 +229,10 @@ def _sample(
     """The rollouts of every (context index, index) key but those in `skip`, each stored (`store`)
     and handed to `on_rollout` as soon as the policy finishes it. `past` and `prompts` (a context's
     prompt tokens, from its stored rollouts) are for mixed groups."""
-    from discover.policy import load_policy
+    from discover.policy.replicas import generation_policy
 
     config = run.config
-    policy = load_policy(config.model, checkpoint / "adapter")
+    policy = generation_policy(run, checkpoint / "adapter")  # in this process, or on the replicas (docs/cluster.md)
     sampling = config.sampling
     contexts = [g["context"] for g in parents]
     m = config.mixed

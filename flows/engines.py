@@ -9,7 +9,10 @@
   "CPU=32 MEMORY=128e9 GPU=1"`) and runs a candidate only while it has them free.
 - `ray` (prefect-ray, the `ray` extra): the Ray cluster at `evaluation.address`, or a Ray instance
   started for the run on 127.0.0.1 without its dashboard; a candidate asks for `num_cpus`,
-  `memory` and `num_gpus`, and Ray gives a GPU task its own device (CUDA_VISIBLE_DEVICES).
+  `memory` and `num_gpus`, and Ray gives a GPU task its own device (CUDA_VISIBLE_DEVICES). Ray never
+  retries a candidate itself (`max_retries=0`): Prefect's `evaluation.retries` alone decide. The run
+  connects to Ray once (`ray_connection`), for its candidates and its generation replicas
+  (`cluster.generation_replicas`, docs/cluster.md) alike.
 
 A cluster's workers run the candidate task (flows/evaluation.py: `evaluate_candidate`) with the problem's
 sandbox on their own machine: the project and the evaluator images must be installed there
@@ -43,8 +46,10 @@ def dask_resources(resources: Resources) -> dict[str, float]:
 
 
 def ray_options(resources: Resources) -> dict[str, Any]:
-    """A candidate's needs as Ray task options."""
-    return {"num_cpus": resources.cpus, "memory": resources.memory_mb * MB, "num_gpus": resources.gpus}
+    """A candidate's needs as Ray task options. Ray's own retries of a task whose worker died are
+    off (`max_retries=0`): Prefect retries the candidate (`evaluation.retries`), so it never runs
+    more often than that allows."""
+    return {"num_cpus": resources.cpus, "memory": resources.memory_mb * MB, "num_gpus": resources.gpus, "max_retries": 0}
 
 
 def resource_request(runner: str, resources: Resources) -> AbstractContextManager[Any]:
@@ -79,11 +84,13 @@ def evaluation_engine(run: Run) -> Iterator[TaskRunnerFactory]:
             from prefect_dask import DaskTaskRunner
 
             yield lambda: DaskTaskRunner(address=address)
-    elif e.runner == "ray":
-        with _ray(config, resources):
-            from prefect_ray import RayTaskRunner
+    elif e.runner == "ray":  # the run's flow holds the connection (`ray_connection`)
+        import ray
+        from prefect_ray import RayTaskRunner
 
-            yield lambda: RayTaskRunner()  # finds the Ray instance this run initialised
+        if not ray.is_initialized():
+            raise RuntimeError("evaluation.runner 'ray': open the run's `ray_connection` before its evaluation engine")
+        yield lambda: RayTaskRunner()  # finds the Ray instance this run initialised
     else:  # the configuration's Literal makes this unreachable
         raise ValueError(f"unknown evaluation.runner {e.runner!r}")
 
@@ -139,21 +146,52 @@ def _dask_flag(resources: dict[str, float]) -> str:
     return " ".join(f"{k}={v:.0f}" for k, v in resources.items())
 
 
+def needs_ray(config: RunConfig) -> bool:
+    """Whether a run connects to Ray: its candidates run there, or its generation replicas do."""
+    return config.evaluation.runner == "ray" or config.cluster.generation_replicas > 1
+
+
+def ray_address(config: RunConfig) -> str | None:
+    """The one Ray cluster of a run (the configuration checks that the two addresses agree); None: a local instance."""
+    if config.cluster.generation_replicas > 1 and config.cluster.address is not None:
+        return config.cluster.address
+    return config.evaluation.address if config.evaluation.runner == "ray" else None
+
+
+def _loopback_host(address: str) -> str | None:
+    """The host of an address on the loopback (127/8): the cluster's nodes are on this machine, and
+    the driver joins them under that address (Ray would otherwise look for a node at the machine's
+    routable address). None for any other address."""
+    host = address.removeprefix("ray://").rsplit(":", 1)[0]
+    return host if host.startswith("127.") else None
+
+
 @contextmanager
-def _ray(config: RunConfig, resources: Resources) -> Iterator[None]:
-    """Ray initialised for the run: the configured cluster (checked) or a local instance."""
+def ray_connection(run: Run) -> Iterator[bool]:
+    """Ray initialised for the run when it needs it (`needs_ray`): the configured cluster (checked),
+    or a local instance on the loopback; shut down when the run's flow ends. Yields whether it is."""
+    config = run.config
+    if not needs_ray(config):
+        yield False
+        return
     try:
         import ray
     except ImportError:
-        raise ValueError("evaluation.runner 'ray' needs the `ray` extra: pip install 'ttt-discover[ray]'") from None
-    address = config.evaluation.address
+        raise ValueError(
+            "evaluation.runner 'ray' and cluster.generation_replicas > 1 need the `ray` extra: pip install 'ttt-discover[ray]'"
+        ) from None
     if ray.is_initialized():
         raise ValueError("Ray is already initialised in this process; a run starts its own connection")
+    resources = Resources.of(run.problem())
+    evaluating = config.evaluation.runner == "ray"
+    address = ray_address(config)
     if address is None:
+        cpus = max(resources.cpus, config.evaluation.workers * config.sandbox.concurrency * resources.cpus) if evaluating else 0
+        cpus += config.cluster.generation_replicas if config.cluster.generation_replicas > 1 else 0
         for attempt in (1, 2, 3):  # Ray gives a new node 30 s to register: a busy machine can miss it
             try:
                 ray.init(
-                    num_cpus=max(resources.cpus, config.evaluation.workers * config.sandbox.concurrency * resources.cpus),
+                    num_cpus=max(cpus, 1),
                     include_dashboard=False,  # no dashboard port
                     _node_ip_address="127.0.0.1",  # loopback only
                     namespace="prefect",
@@ -166,16 +204,19 @@ def _ray(config: RunConfig, resources: Resources) -> Iterator[None]:
                     raise
                 log.warning("the local Ray instance did not start in time (attempt %d of 3); starting it again", attempt)
     else:
-        ray.init(address=address, namespace="prefect", log_to_driver=False)
+        loopback = _loopback_host(address)
+        extra = {"_node_ip_address": loopback} if loopback else {}
+        ray.init(address=address, namespace="prefect", log_to_driver=False, **extra)
     try:
-        wanted = {"CPU": resources.cpus, "memory": resources.memory_mb * MB, "GPU": resources.gpus}
         nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
-        if not any(_fits(n, {k: v for k, v in wanted.items() if v}) for n in nodes):
-            raise ValueError(
-                f"no node of the Ray cluster at {address or 'local'} offers what one candidate needs ({wanted}); "
-                "add nodes with `ray start --address HEAD:6379 --num-gpus N` (docs/operations.md, Evaluation on a cluster)"
-            )
-        log.info("evaluation on Ray (%s): %d nodes", address or "local instance", len(nodes))
-        yield
+        if evaluating:
+            wanted = {"CPU": resources.cpus, "memory": resources.memory_mb * MB, "GPU": resources.gpus}
+            if not any(_fits(n, {k: v for k, v in wanted.items() if v}) for n in nodes):
+                raise ValueError(
+                    f"no node of the Ray cluster at {address or 'local'} offers what one candidate needs ({wanted}); "
+                    "add nodes with `ray start --address HEAD:6379 --num-gpus N` (docs/operations.md, Evaluation on a cluster)"
+                )
+        log.info("Ray (%s): %d nodes", address or "local instance", len(nodes))
+        yield True
     finally:
         ray.shutdown()

@@ -18,10 +18,11 @@ from discover import steps
 from discover.config import RunConfig, load_config  # RunConfig at run time: Prefect validates the parameter
 from discover.run import Run
 from flows import artifacts, tasks
-from flows.engines import evaluation_engine
+from flows.engines import evaluation_engine, ray_connection
 from flows.logs import forward_project_logs
 from flows.naming import discovery_run_name, run_tag
 from flows.recovery import end_superseded_runs, guard_restarts
+from flows.replicas import generation_replicas
 from flows.step_flow import run_step
 
 log = logging.getLogger("discover")
@@ -68,7 +69,8 @@ def discovery_run(run_dir: str | None = None, config: RunConfig | None = None, c
     if start:
         log.info("resuming %s at step %d of %d", run.root, start, steps_)
     if start < steps_:
-        with evaluation_engine(run) as task_runner:  # a local cluster lives as long as the run
+        # a local cluster lives as long as the run; Ray, when used, is connected once for the evaluation and the replicas
+        with ray_connection(run), evaluation_engine(run) as task_runner, generation_replicas(run):
             for step in range(start, steps_):
                 log.info("step %d/%d", step + 1, steps_)
                 run_step(run, step, task_runner())

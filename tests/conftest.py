@@ -168,3 +168,28 @@ def archive_records(path: Path) -> tuple[list[dict], int]:
 
     archive = load_archive(path)
     return [dataclasses.asdict(s) for s in archive.states.values()], archive.total_expansions
+
+
+@pytest.fixture(scope="session")
+def ray_cluster(tmp_path_factory: pytest.TempPathFactory, tiny_model_cache: Path, prefect_server: str):
+    """One Ray cluster of three nodes on the loopback (a head and two workers, 2 CPUs each) for every
+    Ray test of the session (tests/ray_cluster.py); skipped where Ray (the `ray` extra) is missing.
+
+    Its processes get the tiny model's cache, the session's Prefect server and one torch thread
+    (fault injection goes to a test's own workers, through its connection's runtime_env: on
+    PYTHONPATH here, it would slow every Ray process's start-up past Ray's 30 s window)."""
+    pytest.importorskip("ray", reason="Ray is the `ray` extra (`make setup` installs it; pip install 'ttt-discover[ray]')")
+    from tests.ray_cluster import LoopbackRayCluster
+
+    root = tmp_path_factory.mktemp("ray")
+    # RAY_AUTH_MODE: a cluster on the loopback without Ray's token authentication, whatever a local
+    # instance started elsewhere on the machine left in ~/.ray/auth_token (the nodes and this
+    # process's drivers must agree)
+    env = {"DISCOVER_CACHE": str(tiny_model_cache), "PREFECT_API_URL": prefect_server, "OMP_NUM_THREADS": "1", "RAY_AUTH_MODE": "disabled"}
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    cluster = LoopbackRayCluster(root / "tmp", workers=2, cpus=2, env=env)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()

@@ -104,3 +104,36 @@ def test_overrides_replace_top_level_fields(tmp_path: Path) -> None:
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump({"problem": "toy", "run_dir": "a"}))
     assert load_config(path, {"run_dir": str(tmp_path / "b")}).run_dir == tmp_path / "b"
+
+
+@pytest.mark.parametrize(
+    "cluster, extra, fix",
+    [
+        ({"tensor_parallel_size": 2}, {}, "set cluster.generation_replicas to 2 or more"),
+        (
+            {"generation_replicas": 2, "tensor_parallel_size": 2, "share_gpus": True},
+            {},
+            "set tensor_parallel_size to 1 or share_gpus to false",
+        ),
+        ({"address": "10.0.0.1:6379"}, {}, "set cluster.generation_replicas to 2 or more, or remove cluster.address"),
+        (
+            {"generation_replicas": 2, "address": "10.0.0.1:6379"},
+            {"evaluation": {"runner": "ray", "address": "10.0.0.2:6379"}},
+            "give both the same address, or leave one of them null",
+        ),
+        ({"generation_replicas": 2, "share_gpus": True}, {"model": {"device": "cpu"}}, "set model.device to 'auto' or 'cuda:N'"),
+    ],
+)
+def test_a_cluster_section_that_cannot_work_names_the_fix(cluster: dict, extra: dict, fix: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config({"problem": "toy", "cluster": cluster, **extra}, source="run.yaml")
+    assert fix in str(err.value)
+
+
+def test_without_a_cluster_section_generation_stays_in_the_steps_process() -> None:
+    config = parse_config({"problem": "toy"})
+    assert config.cluster.generation_replicas == 1 and config.cluster.address is None
+    ok = parse_config(
+        {"problem": "toy", "cluster": {"generation_replicas": 2, "address": "10.0.0.1:6379"}, "evaluation": {"runner": "ray"}}
+    )
+    assert ok.cluster.generation_replicas == 2

@@ -24,6 +24,10 @@ N: right after the N-th rollout of step STEP is stored while it is generated (st
 - DISCOVER_EVAL_LOG=PATH appends one line "STEP KEY PID" to PATH each time a candidate is really
   evaluated (discover.evaluation.run_job), in whichever process runs it (engine workers too), so
   a test can count evaluations.
+- DISCOVER_EVAL_ATTEMPTS=PATH appends one line "CHILD_ID PID" to PATH when an evaluation starts
+  (every attempt, also one that fails); while the file PATH.fail holds "raise" the attempt then
+  raises an OSError (an infrastructure failure, which Prefect retries), while it holds "exit" the
+  process running it exits at once (a lost worker).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from pathlib import Path
 CRASH = os.environ.get("DISCOVER_CRASH_AT", "")
 HOLD = os.environ.get("DISCOVER_HOLD_AT", "")
 EVAL_LOG = os.environ.get("DISCOVER_EVAL_LOG", "")
+EVAL_ATTEMPTS = os.environ.get("DISCOVER_EVAL_ATTEMPTS", "")
 KILL_RANK = os.environ.get("DISCOVER_KILL_RANK", "")
 
 
@@ -128,9 +133,35 @@ def _install() -> None:
     RolloutParts.put = counted_rollout
 
 
-def _log_evaluations() -> None:
-    from discover import evaluation
+def _when_imported(name: str, patch) -> None:
+    """Call `patch(module)` right after module `name` is first imported, without importing it here:
+    every Python process started with this folder on PYTHONPATH runs this file (a Ray node's agents
+    too, which must start within Ray's 30 s window), and most of them never evaluate anything."""
+    import importlib.abc
+    import importlib.util
+    import sys
 
+    class _Finder(importlib.abc.MetaPathFinder):
+        def find_spec(self, fullname, path, target=None):
+            if fullname != name:
+                return None
+            sys.meta_path.remove(self)
+            spec = importlib.util.find_spec(fullname)
+            if spec is None or spec.loader is None:
+                return spec
+            exec_module = spec.loader.exec_module
+
+            def exec_and_patch(module):
+                exec_module(module)
+                patch(module)
+
+            spec.loader.exec_module = exec_and_patch  # this spec's own loader instance
+            return spec
+
+    sys.meta_path.insert(0, _Finder())
+
+
+def _log_evaluations(evaluation) -> None:
     run_job = evaluation.run_job
 
     @functools.wraps(run_job)
@@ -141,6 +172,24 @@ def _log_evaluations() -> None:
         return result
 
     evaluation.run_job = logged
+
+
+def _fail_evaluations(evaluation) -> None:
+    run_job = evaluation.run_job
+
+    @functools.wraps(run_job)
+    def attempted(job):
+        with open(EVAL_ATTEMPTS, "a") as f:
+            f.write(f"{job.child_id} {os.getpid()}\n")
+        fail = Path(EVAL_ATTEMPTS + ".fail")
+        mode = fail.read_text().strip() if fail.is_file() else ""
+        if mode == "raise":
+            raise OSError(f"injected infrastructure failure evaluating {job.child_id}")
+        if mode == "exit":
+            os._exit(1)
+        return run_job(job)
+
+    evaluation.run_job = attempted
 
 
 def _kill_rank() -> None:
@@ -163,5 +212,6 @@ if CRASH or HOLD:
     _install()
 if KILL_RANK:
     _kill_rank()
-if EVAL_LOG:
-    _log_evaluations()
+_patches = [patch for on, patch in ((EVAL_LOG, _log_evaluations), (EVAL_ATTEMPTS, _fail_evaluations)) if on]
+if _patches:
+    _when_imported("discover.evaluation", lambda module: [patch(module) for patch in _patches])

@@ -1,0 +1,189 @@
+"""Ray on a real cluster of three nodes on the loopback (tests/conftest.py `ray_cluster`).
+
+- a candidate whose evaluation fails for infrastructure reasons is attempted exactly
+  `evaluation.retries` + 1 times (Prefect's retries), and one whose worker dies exactly once: Ray's
+  own retries are off (flows/engines.py `ray_options`), so no candidate runs more often than Prefect allows;
+- a toy run with two generation replicas (Ray actors, discover/policy/replicas.py), two training
+  ranks (FSDP2) and its candidates on the cluster completes; its step-0 rollouts are the
+  single-process run's, token for token; the adapter trained on them agrees within 1e-5
+  (docs/cluster.md, "What is compared");
+- a replica refuses an adapter whose content hash is not the one it was given, naming both;
+- with an engine that seeds each request (as vLLM does), continuations go to their prompt's replica.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from tests.conftest import tiny_toy_config
+from tests.ray_cluster import HOST
+
+pytestmark = pytest.mark.slow
+
+
+FAULTS = Path(__file__).parent / "faults"
+
+
+@pytest.fixture
+def connected(ray_cluster, tmp_path: Path):
+    """This process connected to the cluster; its workers log (and fail on request) every evaluation
+    attempt (tests/faults/sitecustomize.py, DISCOVER_EVAL_ATTEMPTS): `connected.attempts` is the log."""
+    import ray
+
+    attempts = tmp_path / "attempts.log"
+    env = {"DISCOVER_EVAL_ATTEMPTS": str(attempts), "PYTHONPATH": str(FAULTS)}
+    ray.init(address=ray_cluster.address, _node_ip_address=HOST, namespace="tests", log_to_driver=False, runtime_env={"env_vars": env})
+    ray_cluster.attempts = attempts
+    try:
+        yield ray_cluster
+    finally:
+        ray.shutdown()
+
+
+def _job(tmp_path: Path, child_id: str):
+    from discover.config import RunConfig
+    from discover.evaluation import CandidateJob, Resources
+    from evaluators.registry import get_problem
+
+    config = RunConfig(**tiny_toy_config(tmp_path / "run", problem_options={"lenient": True}))
+    problem = get_problem("toy", **config.problem_options)
+    return CandidateJob(child_id, 0, child_id, "1234", "", None, config.model_dump_json(), Resources.of(problem))
+
+
+def _attempts(cluster, child_id: str) -> int:
+    log = Path(cluster.attempts)
+    return sum(1 for line in log.read_text().splitlines() if line.split()[0] == child_id) if log.is_file() else 0
+
+
+@pytest.mark.parametrize("mode, retries, attempts", [("raise", 2, 3), ("exit", 2, 1)])
+def test_a_failing_candidate_is_attempted_as_often_as_prefect_retries_it(
+    connected, tmp_path: Path, prefect_api: str, mode: str, retries: int, attempts: int
+) -> None:
+    from prefect import flow
+    from prefect_ray import RayTaskRunner
+
+    from flows.engines import resource_request
+    from flows.evaluation import evaluate_candidate
+
+    child = f"s0000-g00-r{tmp_path.name[-6:]}-{mode}"
+    job = _job(tmp_path, child)
+    fail = Path(str(connected.attempts) + ".fail")
+    fail.write_text(mode)
+    try:
+
+        @flow(task_runner=RayTaskRunner())
+        def one_candidate() -> bool:
+            with resource_request("ray", job.resources):
+                future = evaluate_candidate.with_options(retries=retries, retry_delay_seconds=0).submit(job)
+            future.wait()
+            return future.state.is_completed()
+
+        completed = one_candidate()
+    finally:
+        fail.unlink()
+    assert not completed
+    assert _attempts(connected, child) == attempts
+
+
+def test_a_replica_refuses_an_adapter_whose_hash_differs(connected, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import ray
+
+    from discover.policy import replicas
+
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text("{}")
+    replica = (
+        ray.remote(replicas.GenerationReplica)
+        .options(num_cpus=1)
+        .remote({"model": {"name": "tiny", "device": "cpu"}, "gpus": 0.0, "tensor_parallel_size": 1, "share_gpus": False})
+    )
+    with pytest.raises(ray.exceptions.RayTaskError, match=r"sha256 [0-9a-f]{64}, not 0{64}.*after 5 checks"):
+        ray.get(replica.load.remote(str(adapter), "0" * 64, 512))
+
+
+def _rollouts(run_dir: Path, step: int) -> list[dict]:
+    return pq.read_table(run_dir / "steps" / f"{step:04d}" / "rollouts.parquet").to_pylist()
+
+
+def test_a_toy_run_on_replicas_and_ranks_matches_the_single_process_run(ray_cluster, tmp_path: Path, prefect_api: str) -> None:
+    from safetensors.numpy import load_file
+
+    from flows.run_flow import discovery_run
+
+    def config(run_dir: Path, **overrides: object) -> dict:
+        return tiny_toy_config(run_dir, steps=3, seed=5, problem_options={"lenient": True}, **overrides)
+
+    single = tmp_path / "single"
+    discovery_run(config=config(single))
+    on_ray = tmp_path / "ray"
+    discovery_run(
+        config=config(
+            on_ray,
+            cluster={"address": ray_cluster.address, "generation_replicas": 2, "trainer_world_size": 2},
+            evaluation={"runner": "ray", "address": ray_cluster.address},
+        )
+    )
+    for step in range(3):  # the run completed
+        assert (on_ray / "checkpoints" / f"{step + 1:04d}" / "adapter").is_dir()
+    a, b = _rollouts(on_ray, 0), _rollouts(single, 0)
+    assert [r["completion_ids"] for r in a] == [r["completion_ids"] for r in b]
+    for x, y in zip(a, b):
+        np.testing.assert_allclose(x["sampler_logprobs"], y["sampler_logprobs"], rtol=0, atol=1e-5)
+    adapter = Path("checkpoints/0001/adapter/adapter_model.safetensors")
+    mine, theirs = load_file(on_ray / adapter), load_file(single / adapter)
+    assert mine.keys() == theirs.keys()
+    for name in mine:
+        scale = max(float(np.abs(theirs[name]).max()), 1e-12)
+        assert float(np.abs(mine[name] - theirs[name]).max()) / scale < 1e-5, name
+    for step in (1, 2):
+        assert len(_rollouts(on_ray, step)) == len(_rollouts(single, step))
+
+
+class _SeededEngine:
+    """A decode engine that seeds every request on its own, as vLLM does: its tokens depend on the
+    request's seed and prompt only, plus the replica's index (so a test sees where a request went)."""
+
+    max_context = None
+
+    def __init__(self, replica: int = -1):
+        self.replica, self.queue = replica, []
+
+    def submit(self, key, request, temperature, seed):
+        self.queue.append((key, request, seed))
+
+    def poll(self):
+        from discover.policy.engine import PhaseOutput
+
+        done, self.queue = self.queue[:3], self.queue[3:]  # a few at a time, like a running batch
+        return [(key, PhaseOutput([seed % 1000, sum(req.prompt_ids), self.replica], [0.0, 0.0, 0.0], "length")) for key, req, seed in done]
+
+    def cancel(self):
+        self.queue = []
+
+
+def test_a_seeded_engine_s_continuations_go_to_their_group_s_replica(connected) -> None:
+    import ray
+
+    from discover.policy.engine import PhaseRequest
+    from discover.policy.replicas import GenerationReplica, ReplicaDecodeEngine
+
+    class Replica(GenerationReplica):
+        def __init__(self, index: int):
+            self.engine, self._spec = _SeededEngine(index), {}
+
+    actors = [ray.remote(Replica).options(num_cpus=0.1).remote(i) for i in range(2)]
+    engine = ReplicaDecodeEngine(actors, "stream", None)
+    submitted = {("answer", (i, j)): (PhaseRequest([i, 7], 3), 1000 * i + j) for i in range(3) for j in range(4)}
+    for key, (request, seed) in submitted.items():
+        engine.submit(key, request, 1.0, seed)
+    got = {}
+    while out := engine.poll():
+        got.update(dict(out))
+    assert got.keys() == submitted.keys()
+    for (_, (i, j)), output in got.items():
+        assert output.token_ids == [(1000 * i + j) % 1000, i + 7, i % 2]  # its own seed; prompt i on replica i mod 2
