@@ -73,10 +73,30 @@ def _phrases(expected) -> tuple[str, ...]:
     return (expected,) if isinstance(expected, str) else tuple(expected)
 
 
+def _with_honest(attacks: dict[str, str]) -> dict[str, str]:
+    """The attacks with the honest kernel first, in the middle and last (see `_judge`)."""
+    names = list(attacks)
+    half = len(names) // 2
+    return {
+        "honest": CORRECT_TORCH,
+        **{k: attacks[k] for k in names[:half]},
+        "honest-2": CORRECT_TORCH,
+        **{k: attacks[k] for k in names[half:]},
+        "honest-3": CORRECT_TORCH,
+    }
+
+
 def _judge(verdicts: dict[str, EvalResult], names) -> None:
-    """Every attack's outcome as OUTCOMES says; all the wrong ones listed at once."""
-    honest = verdicts["honest"]
-    assert honest.reason.startswith(PASSED), honest.reason + honest.observation[-2000:]
+    """Every attack's outcome as OUTCOMES says; all the wrong ones listed at once.
+
+    The honest kernel is evaluated three times among the attacks (`_with_honest`) and its fastest
+    time is the reference: a busy machine only ever slows a run down (one honest evaluation among
+    concurrent ones was measured here at 2-3 s a call against its usual 30-80 ms, with and without
+    the OS isolation), so a single honest figure could make a normal attack look faster."""
+    runs = [v for k, v in verdicts.items() if k.startswith("honest")]
+    for v in runs:
+        assert v.reason.startswith(PASSED), v.reason + v.observation[-2000:]
+    honest = min(runs, key=lambda v: v.metrics["cpu_best_us"])
     wrong = []
     for name in names:
         v = verdicts[name]
@@ -94,7 +114,7 @@ def _judge(verdicts: dict[str, EvalResult], names) -> None:
 
 @pytest.mark.slow
 def test_past_the_rules_no_attack_beats_the_honest_kernel_on_the_process_backend() -> None:
-    verdicts = _evaluate_all(ProcessSandbox(), {"honest": CORRECT_TORCH, **{k: v[0] for k, v in ATTACKS.items()}})
+    verdicts = _evaluate_all(ProcessSandbox(), _with_honest({k: v[0] for k, v in ATTACKS.items()}))
     _judge(verdicts, ATTACKS)
 
 
@@ -119,7 +139,7 @@ def test_past_the_rules_no_attack_beats_the_honest_kernel_on_the_docker_backend(
         "reads_the_timers_memory",
     ]
     with DockerSandbox(image=PROBLEM.image, concurrency=2) as box:
-        verdicts = _evaluate_all(box, {"honest": CORRECT_TORCH, **{k: ATTACKS[k][0] for k in names}})
+        verdicts = _evaluate_all(box, _with_honest({k: ATTACKS[k][0] for k in names}))
     _judge(verdicts, names)
 
 
