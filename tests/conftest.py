@@ -185,7 +185,13 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory, tiny_model_cache: Path
     # RAY_AUTH_MODE: a cluster on the loopback without Ray's token authentication, whatever a local
     # instance started elsewhere on the machine left in ~/.ray/auth_token (the nodes and this
     # process's drivers must agree)
-    env = {"DISCOVER_CACHE": str(tiny_model_cache), "PREFECT_API_URL": prefect_server, "OMP_NUM_THREADS": "1", "RAY_AUTH_MODE": "disabled"}
+    env = {
+        "DISCOVER_CACHE": str(tiny_model_cache),
+        "PREFECT_API_URL": prefect_server,
+        "OMP_NUM_THREADS": "1",
+        "RAY_AUTH_MODE": "disabled",
+        "RAY_worker_register_timeout_seconds": "300",
+    }  # a worker of a busy 2-core machine can take more than Ray's 60 s to register
     os.environ["RAY_AUTH_MODE"] = "disabled"
     cluster = LoopbackRayCluster(root / "tmp", workers=2, cpus=2, env=env)
     try:
