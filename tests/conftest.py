@@ -21,6 +21,12 @@ REPO = Path(__file__).resolve().parents[1]
 # with rlimits alone so the suite still runs; tests of the tree bound (tests/test_hostile_process.py)
 # ask for it explicitly and skip with the reason where there is none.
 os.environ.setdefault("DISCOVER_ALLOW_UNBOUNDED_PROCESS_TREE", "1")
+# Every Ray of the suite is on the loopback, without Ray's token authentication. Set for the whole session,
+# before any ray.init: the first ray.init of a process fixes its authentication mode (a local instance
+# turns token mode on and leaves RAY_AUTH_MODE=token set), so a driver that joined the loopback cluster
+# after a local run served its actors' owner RPCs with token checks the cluster never sends, and the GCS,
+# unable to reach the owner, cancelled the actors before they ran (docs/cluster.md, "One kind of Ray per process").
+os.environ["RAY_AUTH_MODE"] = "disabled"
 SERVER_STARTUP_TIMEOUT_S = 900  # generous: on a loaded 2-core machine a first start takes minutes
 
 # A discovery run in a fresh process (`python -c RUN_SCRIPT CONFIG.yaml`, with `cli_env`): it prints
@@ -182,9 +188,8 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory, tiny_model_cache: Path
     from tests.ray_cluster import LoopbackRayCluster
 
     root = tmp_path_factory.mktemp("ray")
-    # RAY_AUTH_MODE: a cluster on the loopback without Ray's token authentication, whatever a local
-    # instance started elsewhere on the machine left in ~/.ray/auth_token (the nodes and this
-    # process's drivers must agree)
+    # RAY_AUTH_MODE (as for this process, above): whatever a local instance started elsewhere on the
+    # machine left in ~/.ray/auth_token, the nodes and this process's drivers agree
     env = {
         "DISCOVER_CACHE": str(tiny_model_cache),
         "PREFECT_API_URL": prefect_server,
@@ -192,7 +197,6 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory, tiny_model_cache: Path
         "RAY_AUTH_MODE": "disabled",
         "RAY_worker_register_timeout_seconds": "300",
     }  # a worker of a busy 2-core machine can take more than Ray's 60 s to register
-    os.environ["RAY_AUTH_MODE"] = "disabled"
     cluster = LoopbackRayCluster(root / "tmp", workers=2, cpus=2, env=env)
     try:
         cluster.start()
