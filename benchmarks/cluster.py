@@ -14,13 +14,14 @@ measured figure for a model, the newest file's figure replaces the assumption an
 with the file. The formula is `step_seconds`, in one place.
 
 `--overhead` runs a 2-step toy run (the tiny model on CPU) in the step's process and on
-`--replicas` generation replicas of a Ray instance the run starts on the loopback, and prints the
-generate task's seconds of each step in both and their ratio (replicas / single), and whether the
-step-0 rollouts are the same tokens:
+`--replicas` generation replicas and `--ranks` trainer ranks (Ray actors) of a Ray instance the run
+starts on the loopback, and prints the generate and train tasks' seconds of each step in both and
+their ratios (cluster / single), and whether the step-0 rollouts are the same tokens:
 
-    python benchmarks/cluster.py --overhead [--steps 2] [--groups 4] [--rollouts 8] [--replicas 2] [--out DIR]
+    python benchmarks/cluster.py --overhead [--steps 2] [--groups 4] [--rollouts 8] [--replicas 2] [--ranks 2] [--out DIR]
 
 Step 0 of the replica run includes the replicas' start and model load; later steps load an adapter.
+The ranks are placed, and load the model, every step.
 """
 
 from __future__ import annotations
@@ -230,7 +231,7 @@ _FLAGS: dict[str, tuple[str | None, str]] = {
 }
 
 
-def config(run_dir: Path, args: argparse.Namespace, replicas: int) -> dict:
+def config(run_dir: Path, args: argparse.Namespace, replicas: int, ranks: int = 1) -> dict:
     out: dict = {
         "problem": "toy",
         "run_dir": str(run_dir),
@@ -245,13 +246,15 @@ def config(run_dir: Path, args: argparse.Namespace, replicas: int) -> dict:
     }
     if replicas > 1:
         out["cluster"] = {"generation_replicas": replicas}
+    if ranks > 1:
+        out.setdefault("cluster", {}).update(trainer_world_size=ranks, trainer_placement="ray")
     return out
 
 
-def generate_seconds(run_dir: Path, step: int) -> float:
+def task_seconds(run_dir: Path, step: int, task: str) -> float:
     from storage.manifest import read_manifest
 
-    entry = read_manifest(run_dir / "manifest.json")["tasks"][f"{step}/generate"]
+    entry = read_manifest(run_dir / "manifest.json")["tasks"][f"{step}/{task}"]
     return entry["finished"] - entry["started"]
 
 
@@ -267,20 +270,21 @@ def overhead(args: argparse.Namespace) -> int:
 
     out = args.out or Path(tempfile.mkdtemp(prefix="bench-cluster-"))
     runs = {}
-    for name, r in (("single", 1), ("replicas", args.replicas)):
+    for name, r, w in (("single", 1, 1), ("cluster", args.replicas, args.ranks)):
         run_dir = out / name
         shutil.rmtree(run_dir, ignore_errors=True)
-        discovery_run(config=config(run_dir, args, r))
+        discovery_run(config=config(run_dir, args, r, w))
         runs[name] = run_dir
     tokens = [[row["completion_ids"] for row in pq.read_table(runs[n] / "steps" / "0000" / "rollouts.parquet").to_pylist()] for n in runs]
     print(
         f"\ntoy, tiny model on CPU: {args.groups}x{args.rollouts} rollouts of <= {args.answer_tokens} tokens per step; "
-        f"{args.replicas} replicas on a local Ray instance; {os.cpu_count()} CPUs"
+        f"{args.replicas} replicas and {args.ranks} trainer ranks on a local Ray instance; {os.cpu_count()} CPUs"
     )
-    print(f"{'step':>4} {'single (s)':>10} {'replicas (s)':>12} {'replicas/single':>15}")
+    print(f"{'step':>4} {'task':>8} {'single (s)':>10} {'cluster (s)':>11} {'cluster/single':>14}")
     for step in range(args.steps):
-        a, b = generate_seconds(runs["single"], step), generate_seconds(runs["replicas"], step)
-        print(f"{step:>4} {a:>10.2f} {b:>12.2f} {b / a:>15.2f}")
+        for task in ("generate", "train"):
+            a, b = task_seconds(runs["single"], step, task), task_seconds(runs["cluster"], step, task)
+            print(f"{step:>4} {task:>8} {a:>10.2f} {b:>11.2f} {b / a:>14.2f}")
     same = tokens[0] == tokens[1]
     print(f"step 0 rollouts, token for token the same: {same}")
     return 0 if same else 1
@@ -290,12 +294,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     mode = ap.add_mutually_exclusive_group(required=True)
     mode.add_argument("--cost-model", action="store_true", help="estimated step time by task against the number of GPUs")
-    mode.add_argument("--overhead", action="store_true", help="the generate task on Ray replicas against the step's process (toy, CPU)")
+    mode.add_argument("--overhead", action="store_true", help="generate and train on Ray against the step's process (toy, CPU)")
     ap.add_argument("--steps", type=int, default=2, help="--overhead: steps of each run")
     ap.add_argument("--groups", type=int, default=4, help="--overhead: groups a step")
     ap.add_argument("--rollouts", type=int, default=8, help="--overhead: rollouts a group")
     ap.add_argument("--answer-tokens", type=int, default=8, help="--overhead: sampling.max_answer_tokens")
     ap.add_argument("--replicas", type=int, default=2, help="--overhead: generation replicas")
+    ap.add_argument("--ranks", type=int, default=2, help="--overhead: trainer ranks on Ray (1: one process, as the single run)")
     ap.add_argument("--out", type=Path, default=None, help="--overhead: keep the runs here (default: a temporary folder)")
     ap.add_argument("--gpus", default=",".join(map(str, GPU_COUNTS)), help="comma-separated GPU counts")
     ap.add_argument("--results-dir", type=Path, default=RESULTS, help="where the GPU check's gpu-*.json files are")

@@ -299,7 +299,21 @@ class ClusterConfig(_Section):
     """
 
     trainer_world_size: int = Field(
-        1, ge=1, description="data-parallel training ranks on this machine (FSDP2; one GPU each, or CPU processes); 1: one process"
+        1, ge=1, description="data-parallel training ranks (FSDP2; one GPU each, or CPU processes); 1: one process"
+    )
+    trainer_placement: Literal["local", "ray"] = Field(
+        "local",
+        description="where the ranks of trainer_world_size > 1 run: 'local', processes spawned on the step's machine; "
+        "'ray', Ray actors in a placement group of the run's Ray cluster (one bundle a rank, packed onto as few nodes as fit)",
+    )
+    trainer_resources: dict[str, float] = Field(
+        default_factory=dict,
+        description="custom Ray resources each rank's bundle asks for besides its CPU or GPU (trainer_placement 'ray'), "
+        "e.g. {trainer: 1} for nodes started with --resources='{\"trainer\": 8}'",
+    )
+    replica_resources: dict[str, float] = Field(
+        default_factory=dict,
+        description="custom Ray resources each generation replica asks for besides its CPU or GPUs, e.g. {generate: 1}",
     )
     address: str | None = Field(
         None,
@@ -324,6 +338,20 @@ class ClusterConfig(_Section):
             raise ValueError(
                 f"cluster.tensor_parallel_size ({self.tensor_parallel_size}) applies to generation replicas; set "
                 "cluster.generation_replicas to 2 or more (vLLM in the step's process uses model.generation_devices instead)"
+            )
+        if self.trainer_placement == "ray" and self.trainer_world_size == 1:
+            raise ValueError(
+                "cluster.trainer_placement 'ray' places the ranks of a sharded trainer; set cluster.trainer_world_size "
+                "to 2 or more, or trainer_placement to 'local' (one process trains in the step's process)"
+            )
+        if self.trainer_resources and self.trainer_placement != "ray":
+            raise ValueError(
+                "cluster.trainer_resources are Ray resources of the ranks; set cluster.trainer_placement to 'ray' or remove them"
+            )
+        if self.replica_resources and self.generation_replicas == 1:
+            raise ValueError(
+                "cluster.replica_resources are Ray resources of the generation replicas; set cluster.generation_replicas "
+                "to 2 or more or remove them"
             )
         if self.share_gpus and self.tensor_parallel_size > 1:
             raise ValueError(
@@ -376,11 +404,12 @@ class RunConfig(_Section):
     @model_validator(mode="after")
     def _one_ray_cluster(self) -> RunConfig:
         c, e = self.cluster, self.evaluation
-        replicas = c.generation_replicas > 1
+        replicas = c.generation_replicas > 1 or c.trainer_placement == "ray"
         if c.address is not None and not replicas:
             raise ValueError(
-                f"cluster.address {c.address!r} is where generation replicas run; set cluster.generation_replicas "
-                "to 2 or more, or remove cluster.address (candidates use evaluation.address)"
+                f"cluster.address {c.address!r} is where generation replicas and trainer ranks run; set "
+                "cluster.generation_replicas to 2 or more or cluster.trainer_placement to 'ray', or remove cluster.address "
+                "(candidates use evaluation.address)"
             )
         if replicas and e.runner == "ray" and e.address is not None and c.address is not None and e.address != c.address:
             raise ValueError(

@@ -392,9 +392,16 @@ def _optimizer_step(run: Run, rollouts: list[Rollout], advantages: dict[int, np.
     config = run.config
     policy = load_policy(config.model, src / "adapter")
     if config.cluster.trainer_world_size > 1:  # data-parallel ranks (FSDP2) behind the same Trainer seam (docs/cluster.md)
-        from discover.policy.sharded import sharded_policy
+        from discover.policy.sharded import ShardedTrainer, sharded_policy
 
-        policy = sharded_policy(policy, config.model, src / "adapter", config.cluster.trainer_world_size)
+        c, adapter = config.cluster, src / "adapter"
+        if c.trainer_placement == "ray":
+            from discover.policy.ray_ranks import RayShardedTrainer
+
+            trainer: ShardedTrainer = RayShardedTrainer(config.model, adapter, c.trainer_world_size, resources=c.trainer_resources)
+        else:
+            trainer = ShardedTrainer(config.model, adapter, c.trainer_world_size)
+        policy = sharded_policy(policy, trainer)
     batch = TrainBatch(
         completions=[r.completion() for r in rollouts],
         advantages=[float(advantages[r.group][r.index]) for r in rollouts],

@@ -148,12 +148,13 @@ def _dask_flag(resources: dict[str, float]) -> str:
 
 def needs_ray(config: RunConfig) -> bool:
     """Whether a run connects to Ray: its candidates run there, or its generation replicas do."""
-    return config.evaluation.runner == "ray" or config.cluster.generation_replicas > 1
+    c = config.cluster
+    return config.evaluation.runner == "ray" or c.generation_replicas > 1 or c.trainer_placement == "ray"
 
 
 def ray_address(config: RunConfig) -> str | None:
     """The one Ray cluster of a run (the configuration checks that the two addresses agree); None: a local instance."""
-    if config.cluster.generation_replicas > 1 and config.cluster.address is not None:
+    if config.cluster.address is not None:
         return config.cluster.address
     return config.evaluation.address if config.evaluation.runner == "ray" else None
 
@@ -178,7 +179,8 @@ def ray_connection(run: Run) -> Iterator[bool]:
         import ray
     except ImportError:
         raise ValueError(
-            "evaluation.runner 'ray' and cluster.generation_replicas > 1 need the `ray` extra: pip install 'ttt-discover[ray]'"
+            "evaluation.runner 'ray', cluster.generation_replicas > 1 and cluster.trainer_placement 'ray' need the "
+            "`ray` extra: pip install 'ttt-discover[ray]'"
         ) from None
     if ray.is_initialized():
         raise ValueError("Ray is already initialised in this process; a run starts its own connection")
@@ -188,6 +190,7 @@ def ray_connection(run: Run) -> Iterator[bool]:
     if address is None:
         cpus = max(resources.cpus, config.evaluation.workers * config.sandbox.concurrency * resources.cpus) if evaluating else 0
         cpus += config.cluster.generation_replicas if config.cluster.generation_replicas > 1 else 0
+        cpus += config.cluster.trainer_world_size if config.cluster.trainer_placement == "ray" else 0
         for attempt in (1, 2, 3):  # Ray gives a new node 30 s to register: a busy machine can miss it
             try:
                 ray.init(

@@ -11,6 +11,7 @@ every Ray process of the user on the machine).
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -39,7 +40,7 @@ class LoopbackRayCluster:
         self.groups: list[int] = []
         self.address = ""
 
-    def _ray_start(self, *args: str) -> None:
+    def _ray_start(self, *args: str, env: dict[str, str] | None = None) -> int:
         # each node its own range of worker ports, above the ephemeral ports (32768-60999) that free_port hands out
         base = 61000 + (os.getpid() % 9) * 400 + 100 * len(self.groups)
         cmd = [
@@ -57,7 +58,9 @@ class LoopbackRayCluster:
             *args,
         ]
         for attempt in range(1, STARTS + 1):
-            proc = subprocess.Popen(cmd, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+            proc = subprocess.Popen(
+                cmd, env={**self.env, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+            )
             self.groups.append(proc.pid)  # its daemons stay in this session's process group
             try:
                 out, _ = proc.communicate(timeout=180)
@@ -65,7 +68,7 @@ class LoopbackRayCluster:
                 proc.kill()
                 out, _ = proc.communicate()
             if proc.returncode == 0:
-                return
+                return proc.pid
             # Ray gives a node's raylet 30 s (hard-coded) to register: a busy machine misses it; start that node again
             self._kill([proc.pid])
             if attempt == STARTS or "timed out during startup" not in out:
@@ -101,6 +104,15 @@ class LoopbackRayCluster:
                 return
             time.sleep(2)
         raise RuntimeError(f"the loopback Ray cluster at {self.address} did not reach {n} nodes in {timeout:.0f} s: {seen}")
+
+    def add_node(self, resources: dict[str, float], env: dict[str, str] | None = None) -> int:
+        """One more worker node with these custom resources (and, for its processes, these environment
+        variables); returns its id for `kill_node`."""
+        return self._ray_start(f"--address={self.address}", f"--resources={json.dumps(resources)}", env=env)
+
+    def kill_node(self, node: int) -> None:
+        """SIGKILL every process of a node (its raylet, object store and workers), as a machine lost."""
+        self._kill([node])
 
     def stop(self) -> None:
         """Kill the nodes' processes: those of the `ray start` sessions and their descendants (the workers

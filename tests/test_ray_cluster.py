@@ -4,9 +4,15 @@
   `evaluation.retries` + 1 times (Prefect's retries), and one whose worker dies exactly once: Ray's
   own retries are off (flows/engines.py `ray_options`), so no candidate runs more often than Prefect allows;
 - a toy run with two generation replicas (Ray actors, discover/policy/replicas.py), two training
-  ranks (FSDP2) and its candidates on the cluster completes; its step-0 rollouts are the
+  ranks (FSDP2, Ray actors: discover/policy/ray_ranks.py) and its candidates on the cluster completes;
+  its step-0 rollouts are the
   single-process run's, token for token; the adapter trained on them agrees within 1e-5
   (docs/cluster.md, "What is compared");
+- a run whose trainer ranks' node is killed during `train`, and whose replicas' node is killed during
+  `generate`, completes on the nodes that join instead (Prefect retries the task; nothing half-written;
+  `discover status` reads every step);
+- the replicas of a run whose flow is SIGKILLed between steps outlive it (detached), and the flow that
+  resumes the run re-attaches to the same actors instead of creating new ones;
 - a replica refuses an adapter whose content hash is not the one it was given, naming both;
 - with an engine that seeds each request (as vLLM does), continuations go to their prompt's replica.
 """
@@ -124,7 +130,7 @@ def test_a_toy_run_on_replicas_and_ranks_matches_the_single_process_run(ray_clus
     discovery_run(
         config=config(
             on_ray,
-            cluster={"address": ray_cluster.address, "generation_replicas": 2, "trainer_world_size": 2},
+            cluster={"address": ray_cluster.address, "generation_replicas": 2, "trainer_world_size": 2, "trainer_placement": "ray"},
             evaluation={"runner": "ray", "address": ray_cluster.address},
         )
     )
@@ -187,3 +193,127 @@ def test_a_seeded_engine_s_continuations_go_to_their_group_s_replica(connected) 
     assert got.keys() == submitted.keys()
     for (_, (i, j)), output in got.items():
         assert output.token_ids == [(1000 * i + j) % 1000, i + 7, i % 2]  # its own seed; prompt i on replica i mod 2
+
+
+def test_a_run_completes_when_the_nodes_of_its_ranks_and_replicas_are_lost(
+    ray_cluster, tmp_path: Path, prefect_api: str, cli_env: dict[str, str]
+) -> None:
+    """The ranks (custom resource `trainer`) and the replicas (`generate`) can only go to two nodes of
+    their own, whose processes hold the work when it comes (tests/faults/sitecustomize.py): a rank of
+    step 0's `train`, and a replica's second batch (step 1's `generate`). The test SIGKILLs each node
+    while it holds the work; a node with the same resources joins after each loss (as a cluster's
+    autoscaler replaces a machine), and Prefect's retry of the task places the work there."""
+    import json
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    held_rank, held_decode = tmp_path / "rank.held", tmp_path / "decode.held"
+    faults = {"PYTHONPATH": str(FAULTS)}
+    train_node = ray_cluster.add_node({"trainer": 2}, env={**faults, "DISCOVER_HOLD_RANK": str(held_rank)})
+    generate_node = ray_cluster.add_node({"generate": 2}, env={**faults, "DISCOVER_HOLD_DECODE": f"2:{held_decode}"})
+    events: list[str] = []
+    joined: list[int] = []
+
+    def kill_when(held: Path, node: int, resources: dict[str, float]) -> None:
+        deadline = time.time() + 900
+        while not held.is_file():
+            if time.time() > deadline:
+                raise TimeoutError(f"nothing held {held.name}")
+            time.sleep(0.2)
+        ray_cluster.kill_node(node)
+        trained = sorted(p.name for p in (run_dir / "checkpoints").iterdir() if not p.name.startswith("."))
+        events.append(f"killed the node holding {held.stem}, checkpoints {trained}")
+        joined.append(ray_cluster.add_node(resources))
+
+    def saboteur() -> None:
+        try:
+            kill_when(held_rank, train_node, {"trainer": 2})
+            kill_when(held_decode, generate_node, {"generate": 2})
+        except Exception as err:  # noqa: BLE001 - reported by the test's assertions
+            events.append(f"saboteur failed: {err!r}")
+
+    from flows.run_flow import discovery_run
+
+    run_dir = tmp_path / "run"
+    config = tiny_toy_config(
+        run_dir,
+        steps=2,
+        seed=5,
+        problem_options={"lenient": True},
+        cluster={
+            "address": ray_cluster.address,
+            "generation_replicas": 2,
+            "replica_resources": {"generate": 1},
+            "trainer_world_size": 2,
+            "trainer_placement": "ray",
+            "trainer_resources": {"trainer": 1},
+        },
+    )
+    thread = threading.Thread(target=saboteur, daemon=True)
+    thread.start()
+    try:
+        discovery_run(config=config)
+        thread.join(timeout=60)
+    finally:
+        for node in [train_node, generate_node, *joined]:
+            ray_cluster.kill_node(node)
+    # the rank during step 0's train; the replica during step 1's generate
+    assert events == ["killed the node holding rank, checkpoints ['0000']", "killed the node holding decode, checkpoints ['0000', '0001']"]
+    for step in (1, 2):
+        assert (run_dir / "checkpoints" / f"{step:04d}" / "adapter" / "adapter_model.safetensors").is_file()
+    counts = json.loads((run_dir / "steps" / "0001" / "generate.json").read_text())
+    assert counts["rollouts_reused"] + counts["rollouts_generated"] == 8
+    assert len(_rollouts(run_dir, 1)) == 8
+    leftovers = [p for p in run_dir.rglob("*") if ".tmp" in p.name or p.name.startswith(".tmp")]
+    assert not leftovers, leftovers
+    status = subprocess.run([sys.executable, "-m", "cli", "status", str(run_dir)], env=cli_env, capture_output=True, text=True)
+    assert status.returncode == 0, status.stderr
+    assert "2/2 steps" in status.stdout
+
+
+def test_a_resumed_flow_re_attaches_to_the_replicas_its_killed_flow_created(connected, tmp_path: Path, cli_env: dict[str, str]) -> None:
+    """`discover run` SIGKILLed (its whole process group) as step 1 starts, then `discover resume`
+    SIGKILLed once step 1's rollouts are generated: the replicas are the same two actors both times
+    (their Ray actor ids), and the resumed flow's step 1 decoded on them."""
+    import json
+    import subprocess
+    import sys
+
+    import ray
+    import yaml
+
+    run_dir = tmp_path / "run"
+    config = tiny_toy_config(
+        run_dir, steps=2, seed=5, problem_options={"lenient": True}, cluster={"address": connected.address, "generation_replicas": 2}
+    )
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
+
+    def discover(args: list[str], crash: str) -> None:
+        env = {**cli_env, "DISCOVER_CRASH_AT": crash, "PYTHONPATH": str(FAULTS)}
+        done = subprocess.run(
+            [sys.executable, "-m", "cli", *args], env=env, capture_output=True, text=True, timeout=900, start_new_session=True
+        )
+        assert done.returncode == -9, done.stderr[-3000:]  # the crash hook's SIGKILL
+
+    def replicas() -> list[str]:
+        ns = "ttt-" + json.loads((run_dir / "run.json").read_text())["run_id"]
+        actors = [ray.get_actor(f"generate-{i}", namespace=ns) for i in range(2)]
+        for actor in actors:
+            ray.get(actor.spec.remote(), timeout=120)  # alive and answering
+        return [a._actor_id.hex() for a in actors]
+
+    discover(["run", str(tmp_path / "run.yaml")], "select_parents:1:start")
+    first = replicas()
+    try:
+        discover(["resume", str(run_dir)], "generate:1:end")
+        assert (run_dir / "steps" / "0001" / "rollouts.parquet").is_file()
+        assert replicas() == first
+    finally:
+        ns = "ttt-" + json.loads((run_dir / "run.json").read_text())["run_id"]
+        for i in range(2):
+            try:
+                ray.kill(ray.get_actor(f"generate-{i}", namespace=ns), no_restart=True)
+            except ValueError:
+                pass

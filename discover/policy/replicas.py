@@ -84,6 +84,7 @@ class ReplicaSpec:
     tensor_parallel_size: int
     gpus: float  # Ray's GPU request of one replica (0 on CPU)
     share_gpus: bool
+    resources: dict[str, float]  # custom Ray resources of one replica (cluster.replica_resources)
     code_version: str
 
     @classmethod
@@ -97,6 +98,7 @@ class ReplicaSpec:
             tensor_parallel_size=c.tensor_parallel_size,
             gpus=gpus,
             share_gpus=c.share_gpus,
+            resources=dict(c.replica_resources),
             code_version=source_digest(module_closure(__name__)),
         )
 
@@ -227,10 +229,16 @@ def ensure_replicas(run: Run) -> list[Any]:
         except ValueError:
             actor = None
         if actor is not None:
-            if ray.get(actor.spec.remote()) == spec:
+            try:
+                current = ray.get(actor.spec.remote())
+            except ray.exceptions.RayActorError as err:  # dead or unreachable (its node lost): replaced below
+                log.warning("generation replica %s/%s is lost (%s); creating it again", ns, name, type(err).__name__)
+                current = None
+            if current == spec:
                 actors.append(actor)
                 continue
-            log.info("generation replica %s/%s: its specification changed; creating it again", ns, name)
+            if current is not None:
+                log.info("generation replica %s/%s: its specification changed; creating it again", ns, name)
             ray.kill(actor, no_restart=True)
             _wait_gone(ray, name, ns)
         options: dict[str, Any] = {
@@ -240,6 +248,7 @@ def ensure_replicas(run: Run) -> list[Any]:
             "num_gpus": spec["gpus"],
             "max_restarts": 0,  # a lost replica is an error of the generate task, retried by Prefect (flows/tasks.py)
             "max_task_retries": 0,
+            "resources": spec["resources"] or None,
         }
         if detached:
             options["lifetime"] = "detached"
@@ -378,7 +387,11 @@ class ReplicaSampler:
         try:
             yield from stream
         finally:  # the step's generation is over (or abandoned): with shared GPUs vLLM sleeps until the next
-            _ray().get([a.release.remote() for a in self.actors])
+            ray = _ray()
+            try:
+                ray.get([a.release.remote() for a in self.actors])
+            except ray.exceptions.RayActorError as err:  # a replica lost: the step's error is the one that matters
+                log.warning("a generation replica could not be released (%s)", type(err).__name__)
 
     def while_training(self) -> AbstractContextManager[None]:
         """The replicas are other processes: nothing here to hand back."""

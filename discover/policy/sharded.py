@@ -18,11 +18,10 @@ the `base.Trainer` that `cluster.trainer_world_size` > 1 puts behind the step's 
   `LoRATrainer.save`'s format (the adapter folder and `optimizer.pt` keyed by parameter index), so
   a run can move between one process and W ranks at any checkpoint.
 
-Across machines (not built): the ranks would be placed by Ray (a placement group of W GPU
-bundles, one actor a rank) instead of spawned here, the rendezvous address would be rank 0's host
-instead of the loopback, the checkpoint and the batch would travel through shared storage or
-Ray's object store, and each actor would keep its model resident between steps instead of loading
-it every step as the spawned processes do.
+* Across machines (`cluster.trainer_placement: ray`, discover/policy/ray_ranks.py): the same
+  `_rank_main` runs in W Ray actors of a placement group, meeting at rank 0's node; the adapter and
+  Adam's state travel through Ray's object store. Not built: ranks that keep the model resident
+  between steps (both ways load it every step).
 """
 
 from __future__ import annotations
@@ -169,7 +168,7 @@ class _Job:
     train: TrainConfig
     temperature: float
     out_dir: Path
-    port: int
+    master: str  # rank 0's HOST:PORT, where the ranks meet (the loopback here; its node's address on Ray)
     devices: list[str]
     threads: int
 
@@ -189,7 +188,7 @@ def _rank_main(rank: int, job: _Job) -> None:
         torch.set_num_threads(job.threads)
     dist.init_process_group(
         "nccl" if cuda else "gloo",
-        init_method=f"tcp://127.0.0.1:{job.port}",
+        init_method=f"tcp://{job.master}",
         rank=rank,
         world_size=world,
         device_id=device if cuda else None,
@@ -242,9 +241,9 @@ def _rank_main(rank: int, job: _Job) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
@@ -263,7 +262,7 @@ class ShardedTrainer:
         self.model_config = model
         self.world_size = world_size
         self.seed = seed
-        self.devices = rank_devices(model, world_size)
+        self.devices = self._rank_devices()
         self._adapter = Path(adapter_dir) if adapter_dir is not None else None
         self._optimizer: Path | None = None
         self._local: LoRATrainer | None = None
@@ -286,8 +285,6 @@ class ShardedTrainer:
         self, batch: TrainBatch, train: TrainConfig, *, temperature: float, optimizer_state: Path | None = None
     ) -> dict[str, float]:
         """One Adam step over the ranks; equal (to rounding) to `LoRATrainer.train_step` on the whole batch."""
-        import torch.multiprocessing as mp
-
         if len(batch.advantages) != len(batch.completions):
             raise ValueError(f"{len(batch.completions)} completions but {len(batch.advantages)} advantages")
         state = Path(optimizer_state) if optimizer_state is not None and Path(optimizer_state).is_file() else self._optimizer
@@ -305,14 +302,24 @@ class ShardedTrainer:
             train=train,
             temperature=float(temperature),
             out_dir=out,
-            port=_free_port(),
+            master=f"127.0.0.1:{free_port()}",
             devices=[str(d) for d in self.devices],
             threads=max(1, torch.get_num_threads() // self.world_size),
         )
-        mp.spawn(_rank_main, args=(job,), nprocs=self.world_size, join=True)
+        self._launch(job)
         stats = json.loads((out / "stats.json").read_text())
         self._adapter, self._optimizer, self._local = out / "adapter", out / "optimizer.pt", None
         return stats
+
+    def _rank_devices(self) -> list[torch.device]:
+        """Each rank's device (`rank_devices`: GPUs of this machine)."""
+        return rank_devices(self.model_config, self.world_size)
+
+    def _launch(self, job: _Job) -> None:
+        """Run the step's ranks: W processes spawned on this machine, rank 0 writing to `job.out_dir`."""
+        import torch.multiprocessing as mp
+
+        mp.spawn(_rank_main, args=(job,), nprocs=self.world_size, join=True)
 
     def save(self, adapter_dir: Path, optimizer_path: Path | None = None) -> None:
         """Write the adapter (and Adam's state) atomically, in `LoRATrainer.save`'s format."""
@@ -331,8 +338,7 @@ class ShardedTrainer:
             os.replace(tmp_opt, optimizer_path)
 
 
-def sharded_policy(policy: Policy, model: ModelConfig, adapter_dir: Path | None, world_size: int, seed: int = 0) -> Policy:
-    """`policy`'s sampler with a `ShardedTrainer` of `world_size` ranks: what a step trains with when
-    `cluster.trainer_world_size` > 1 (the sampler still makes room while training)."""
-    trainer = ShardedTrainer(model, adapter_dir, world_size, seed=seed)
+def sharded_policy(policy: Policy, trainer: ShardedTrainer) -> Policy:
+    """`policy`'s sampler with a sharded trainer: what a step trains with when `cluster.trainer_world_size`
+    > 1 (the sampler still makes room while training)."""
     return Policy(policy.sampler, lambda: trainer)

@@ -21,6 +21,11 @@ N: right after the N-th rollout of step STEP is stored while it is generated (st
   when it starts accumulating gradients, as a rank lost mid-step (the other ranks are waiting in
   its collectives).
 
+- DISCOVER_HOLD_RANK=PATH: a trainer rank on Ray (discover/policy/ray_ranks.py, `TrainerRank.run`)
+  writes PATH and sleeps there; DISCOVER_HOLD_DECODE="N:PATH": the N-th `decode_batch` call of a
+  generation replica (discover/policy/replicas.py) does the same. Given to one Ray node's processes,
+  so a test can kill that node while it holds the work.
+
 - DISCOVER_EVAL_LOG=PATH appends one line "STEP KEY PID" to PATH each time a candidate is really
   evaluated (discover.evaluation.run_job), in whichever process runs it (engine workers too), so
   a test can count evaluations.
@@ -44,6 +49,8 @@ HOLD = os.environ.get("DISCOVER_HOLD_AT", "")
 EVAL_LOG = os.environ.get("DISCOVER_EVAL_LOG", "")
 EVAL_ATTEMPTS = os.environ.get("DISCOVER_EVAL_ATTEMPTS", "")
 KILL_RANK = os.environ.get("DISCOVER_KILL_RANK", "")
+HOLD_RANK = os.environ.get("DISCOVER_HOLD_RANK", "")
+HOLD_DECODE = os.environ.get("DISCOVER_HOLD_DECODE", "")
 
 
 def _at(name: str, step: int, phase: str, run: object = None) -> None:
@@ -208,6 +215,35 @@ def _kill_rank() -> None:
     trainer.accumulate_gradients = killed
 
 
+def _held(path: str) -> None:
+    Path(path).write_text(f"{os.getpid()}\n")
+    time.sleep(600)
+
+
+def _hold_rank(ray_ranks) -> None:
+    run = ray_ranks.TrainerRank.run
+
+    @functools.wraps(run)
+    def held(self, *args, **kwargs):
+        _held(HOLD_RANK)
+        return run(self, *args, **kwargs)
+
+    ray_ranks.TrainerRank.run = held
+
+
+def _hold_decode(replicas) -> None:
+    decode_batch, nth, calls = replicas.GenerationReplica.decode_batch, int(HOLD_DECODE.split(":", 1)[0]), []
+
+    @functools.wraps(decode_batch)
+    def held(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == nth:
+            _held(HOLD_DECODE.split(":", 1)[1])
+        return decode_batch(self, *args, **kwargs)
+
+    replicas.GenerationReplica.decode_batch = held
+
+
 if CRASH or HOLD:
     _install()
 if KILL_RANK:
@@ -215,3 +251,7 @@ if KILL_RANK:
 _patches = [patch for on, patch in ((EVAL_LOG, _log_evaluations), (EVAL_ATTEMPTS, _fail_evaluations)) if on]
 if _patches:
     _when_imported("discover.evaluation", lambda module: [patch(module) for patch in _patches])
+if HOLD_RANK:
+    _when_imported("discover.policy.ray_ranks", _hold_rank)
+if HOLD_DECODE:
+    _when_imported("discover.policy.replicas", _hold_decode)
