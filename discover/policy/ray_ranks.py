@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from discover.config import ModelConfig
+from discover.policy.ray_driver import connected_ray
 from discover.policy.sharded import ShardedTrainer, _Job, _rank_main, free_port
 
 log = logging.getLogger("discover")
@@ -87,16 +88,7 @@ class TrainerRank:
 
 
 def _ray() -> Any:
-    try:
-        import ray
-    except ImportError:
-        raise ValueError("cluster.trainer_placement 'ray' needs the `ray` extra: pip install 'ttt-discover[ray]'") from None
-    if not ray.is_initialized():
-        raise RuntimeError(
-            "cluster.trainer_placement 'ray': Ray is not initialised in this process; the run flow connects to the "
-            "cluster (flows/engines.py `ray_connection`), so run the step inside `discover run` or `discovery_run`"
-        )
-    return ray
+    return connected_ray("cluster.trainer_placement 'ray'")
 
 
 def rank_bundle(job: _Job, resources: dict[str, float], cluster_gpus: float) -> dict[str, float]:

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 from discover.config import ModelConfig, SamplingConfig
 from discover.policy.base import Completion, Policy
 from discover.policy.engine import PhaseOutput, PhaseRequest
+from discover.policy.ray_driver import connected_ray
 from storage.atomic import content_hash
 
 if TYPE_CHECKING:
@@ -202,17 +203,8 @@ class GenerationReplica:
 # The driver's side (the step's process)
 
 
-def _ray():
-    try:
-        import ray
-    except ImportError:
-        raise ValueError("cluster.generation_replicas > 1 needs the `ray` extra: pip install 'ttt-discover[ray]'") from None
-    if not ray.is_initialized():
-        raise RuntimeError(
-            "cluster.generation_replicas > 1: Ray is not initialised in this process; the run flow connects to the "
-            "cluster (flows/engines.py `ray_connection`), so run the step inside `discover run` or `discovery_run`"
-        )
-    return ray
+def _ray() -> Any:
+    return connected_ray("cluster.generation_replicas > 1")
 
 
 def ensure_replicas(run: Run) -> list[Any]:
