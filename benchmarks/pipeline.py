@@ -51,7 +51,7 @@ def config(run_dir: Path, args: argparse.Namespace, overlap: bool) -> dict:
         "steps": args.steps,
         "groups": args.groups,
         "rollouts_per_group": args.rollouts,
-        "model": {"name": "tiny", "lora_rank": 4, "device": "cpu"},
+        "model": {"name": "tiny", "lora_rank": 4, "device": "cpu", "decode_batch_size": args.sample_batch or args.rollouts},
         "train": {"learning_rate": 0.003},
         "sampling": {"context_tokens": 512, "thinking_budget": 512, "max_answer_tokens": args.answer_tokens},
         "sandbox": {"concurrency": args.concurrency},
@@ -86,11 +86,9 @@ def main() -> int:
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "600")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    from discover.policy import hf_decode
     from flows.run_flow import discovery_run
     from tests.conftest import archive_records
 
-    hf_decode.MAX_SAMPLE_BATCH = args.sample_batch or args.rollouts
     out = args.out or Path(tempfile.mkdtemp(prefix="bench-pipeline-"))
     runs = {}
     for name, overlap in (("without", False), ("with", True)):

@@ -88,6 +88,12 @@ class ModelConfig(_Section):
         default_factory=dict, description="extra chat-template arguments, e.g. {reasoning_effort: high} for gpt-oss"
     )
     micro_batch_tokens: int = Field(32768, ge=1, description="padded tokens per forward/backward pass of the trainer (memory only)")
+    decode_batch_size: int = Field(
+        512,
+        ge=1,
+        description="sequences the transformers backend decodes together (memory: lower it for long contexts on a GPU); "
+        "a batch's rows move each other's logits in the last bits, so a run keeps one value",
+    )
     gradient_checkpointing: bool = Field(
         True, description="recompute layer activations in the backward pass (less memory, ~30% more compute)"
     )

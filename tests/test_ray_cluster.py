@@ -200,9 +200,11 @@ def test_a_run_completes_when_the_nodes_of_its_ranks_and_replicas_are_lost(
 ) -> None:
     """The ranks (custom resource `trainer`) and the replicas (`generate`) can only go to two nodes of
     their own, whose processes hold the work when it comes (tests/faults/sitecustomize.py): a rank of
-    step 0's `train`, and a replica's second batch (step 1's `generate`). The test SIGKILLs each node
-    while it holds the work; a node with the same resources joins after each loss (as a cluster's
-    autoscaler replaces a machine), and Prefect's retry of the task places the work there."""
+    step 0's `train`, and the replicas' fourth batch of 4 rollouts (the second of step 1's
+    `generate`, the first one's rollouts stored). The test SIGKILLs each node while it holds the
+    work; a node with the same resources joins after each loss (as a cluster's autoscaler replaces a
+    machine), and Prefect's retry of the task places the work there and generates only the missing
+    rollouts."""
     import json
     import subprocess
     import sys
@@ -212,7 +214,7 @@ def test_a_run_completes_when_the_nodes_of_its_ranks_and_replicas_are_lost(
     held_rank, held_decode = tmp_path / "rank.held", tmp_path / "decode.held"
     faults = {"PYTHONPATH": str(FAULTS)}
     train_node = ray_cluster.add_node({"trainer": 2}, env={**faults, "DISCOVER_HOLD_RANK": str(held_rank)})
-    generate_node = ray_cluster.add_node({"generate": 2}, env={**faults, "DISCOVER_HOLD_DECODE": f"2:{held_decode}"})
+    generate_node = ray_cluster.add_node({"generate": 2}, env={**faults, "DISCOVER_HOLD_DECODE": f"4:{held_decode}"})
     events: list[str] = []
     joined: list[int] = []
 
@@ -242,6 +244,7 @@ def test_a_run_completes_when_the_nodes_of_its_ranks_and_replicas_are_lost(
         steps=2,
         seed=5,
         problem_options={"lenient": True},
+        model={"name": "tiny", "lora_rank": 4, "device": "cpu", "decode_batch_size": 4},  # a step's 8 rollouts: 2 batches
         cluster={
             "address": ray_cluster.address,
             "generation_replicas": 2,
@@ -264,7 +267,7 @@ def test_a_run_completes_when_the_nodes_of_its_ranks_and_replicas_are_lost(
     for step in (1, 2):
         assert (run_dir / "checkpoints" / f"{step:04d}" / "adapter" / "adapter_model.safetensors").is_file()
     counts = json.loads((run_dir / "steps" / "0001" / "generate.json").read_text())
-    assert counts["rollouts_reused"] + counts["rollouts_generated"] == 8
+    assert (counts["rollouts_reused"], counts["rollouts_generated"]) == (4, 4)  # the first batch's were kept
     assert len(_rollouts(run_dir, 1)) == 8
     leftovers = [p for p in run_dir.rglob("*") if ".tmp" in p.name or p.name.startswith(".tmp")]
     assert not leftovers, leftovers

@@ -93,6 +93,36 @@ def test_generating_only_the_missing_keys_gives_the_full_batchs_completions(tiny
     assert worst <= LOGPROB_TOLERANCE
 
 
+def test_a_smaller_decode_batch_gives_the_same_completions_in_several_batches(tiny_model_cache: Path) -> None:
+    """`model.decode_batch_size` bounds the rows decoded together (memory): 15 rollouts in batches of
+    4 are the same tokens as in one batch, and come back batch by batch (4, 4, 4, 3)."""
+    from discover.config import parse_config
+    from discover.policy import load_policy
+    from discover.policy.hf_decode import HFDecodeEngine
+
+    contexts = ["Write a number.", "A longer context: improve the construction below, please.", "x"]
+    streams = {}
+    for size in (512, 4):
+        config = parse_config(
+            tiny_toy_config(Path("unused"), model={"name": "tiny", "lora_rank": 4, "device": "cpu", "decode_batch_size": size})
+        )
+        policy = load_policy(config.model, None, seed=3)
+        streams[size] = {(g, j): c for g, j, c in policy.sample_stream(contexts, 5, config.sampling, 11)}
+    assert streams[4].keys() == streams[512].keys()
+    for key, c in streams[4].items():
+        assert c.completion_ids == streams[512][key].completion_ids, key
+    from discover.policy.engine import PhaseRequest
+
+    sampler = policy.sampler
+    engine = HFDecodeEngine(sampler.trainer.model, sampler.tokenizer, sampler.trainer.device, sampler.eos_ids(), None, batch_size=4)
+    for i in range(15):
+        engine.submit(i, PhaseRequest([1, 2, 3], 2), 1.0, i)
+    sizes = []
+    while out := engine.poll():
+        sizes.append(len(out))
+    assert sizes == [4, 4, 4, 3]
+
+
 def _discover(args: list[str], env: dict[str, str], crash: str | None = None) -> subprocess.CompletedProcess:
     env = dict(env)
     if crash:

@@ -17,8 +17,6 @@ import torch
 
 from discover.policy.engine import PhaseOutput, PhaseRequest
 
-MAX_SAMPLE_BATCH = 512  # sequences decoded together in one batch (memory bound only)
-
 
 def sample_tokens(logp: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     """One token per row of `logp` (rows x vocabulary, normalised log-probabilities) by inverting
@@ -49,15 +47,16 @@ class _Row:
 class HFDecodeEngine:
     """Continues token prompts with a causal LM (any transformers model with a KV cache).
 
-    Submitted requests wait until `poll`, which decodes the oldest `MAX_SAMPLE_BATCH` of them
+    Submitted requests wait until `poll`, which decodes the oldest `batch_size` of them
     together, each row sampling from its own request's seed, and returns those: the same request
     gives the same tokens whatever else is in its batch (up to the batch's floating-point effect on
     the logits), and a caller streaming completions gets each batch as soon as it is decoded (its
     evaluation can start while the next batch decodes).
     """
 
-    def __init__(self, model, tokenizer, device: torch.device, eos_ids: set[int], max_context: int | None):
+    def __init__(self, model, tokenizer, device: torch.device, eos_ids: set[int], max_context: int | None, batch_size: int = 512):
         self.model = model
+        self.batch_size = batch_size  # model.decode_batch_size
         self.tokenizer = tokenizer
         self.device = device
         self.eos_ids = eos_ids
@@ -74,7 +73,7 @@ class HFDecodeEngine:
     def poll(self) -> list[tuple[Hashable, PhaseOutput]]:
         if not self._queue:
             return []
-        batch, self._queue = self._queue[:MAX_SAMPLE_BATCH], self._queue[MAX_SAMPLE_BATCH:]
+        batch, self._queue = self._queue[: self.batch_size], self._queue[self.batch_size :]
         temperatures = {t for _, _, t, _ in batch}
         if len(temperatures) != 1:
             raise ValueError(f"one temperature per batch, got {sorted(temperatures)}")

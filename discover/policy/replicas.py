@@ -19,7 +19,7 @@ replicas (`ReplicaDecodeEngine`, an `engine.DecodeEngine`).
   of their group (prompt index i → replica i mod R: every continuation of one prompt meets its
   prefix cache) and the replicas decode in parallel. The transformers engine seeds each request
   too, but its logits move in the last bits with the rows decoded together (the oldest
-  `MAX_SAMPLE_BATCH` queued continuations), which can change a sampled token; so its batches are
+  `model.decode_batch_size` queued continuations), which can change a sampled token; so its batches are
   formed here exactly as one engine forms them and each batch is decoded whole by one replica
   (round robin): the rollouts are those of the single-process path, bit for bit, and replicas add
   no parallelism inside a batch.
@@ -165,10 +165,13 @@ class GenerationReplica:
             from discover.policy.hf_decode import HFDecodeEngine
 
             sampler = policy.sampler
-            trainer = sampler.trainer  # type: ignore[attr-defined]
+            hf: Any = sampler  # a TransformersSampler
+            trainer = hf.trainer
             trainer.model.eval()
-            eos = sampler.eos_ids()  # type: ignore[attr-defined]
-            self.engine = HFDecodeEngine(trainer.model, sampler.tokenizer, trainer.device, eos, sampler._max_positions())  # type: ignore[attr-defined]
+            eos = hf.eos_ids()
+            self.engine = HFDecodeEngine(
+                trainer.model, hf.tokenizer, trainer.device, eos, hf._max_positions(), self.model.decode_batch_size
+            )
             self.info = {"mode": "batch", "eos_ids": sorted(eos), "max_context": self.engine.max_context}
         self._sampler = sampler
         self.loaded = (adapter_dir, sha256)
@@ -282,9 +285,10 @@ def group_of(key: Hashable) -> int:
 class ReplicaDecodeEngine:
     """`engine.DecodeEngine` over R replica actors (see the module: "Spreading")."""
 
-    def __init__(self, actors: list[Any], mode: str, max_context: int | None):
+    def __init__(self, actors: list[Any], mode: str, max_context: int | None, batch_size: int = 512):
         self.ray = _ray()
         self.actors, self.mode, self.max_context = actors, mode, max_context
+        self.batch_size = batch_size  # batch mode: model.decode_batch_size, as one engine batches
         self._queue: list[Item] = []  # batch mode: the one engine's queue
         self._outbox: dict[int, list[Item]] = {}  # stream mode: submissions not yet sent, by replica
         self._pending: dict[int, int] = {}  # stream mode: continuations a replica still owes
@@ -302,11 +306,10 @@ class ReplicaDecodeEngine:
 
     def poll(self) -> list[tuple[Hashable, PhaseOutput]]:
         if self.mode == "batch":
-            from discover.policy.hf_decode import MAX_SAMPLE_BATCH
-
             if not self._queue:
                 return []
-            batch, self._queue = self._queue[:MAX_SAMPLE_BATCH], self._queue[MAX_SAMPLE_BATCH:]
+            size = self.batch_size
+            batch, self._queue = self._queue[:size], self._queue[size:]
             actor = self.actors[next(self._batches) % len(self.actors)]
             return self.ray.get(actor.decode_batch.remote(batch))
         for r, items in self._outbox.items():
@@ -370,7 +373,7 @@ class ReplicaSampler:
         fmt = chat_format_for(self.tokenizer, sampling.think_end)
         kwargs = self.model_config.chat_template_kwargs
         rendered = [fmt.render(self.tokenizer, p, thinking=sampling.think_end is not None, **kwargs) for p in prompts]
-        engine = ReplicaDecodeEngine(self.actors, info["mode"], info["max_context"])
+        engine = ReplicaDecodeEngine(self.actors, info["mode"], info["max_context"], self.model_config.decode_batch_size)
         eos = set(info["eos_ids"])
         stream = stream_two_phase(engine, rendered, n, sampling, seed, fmt, encode=self.encode, decode=self.decode, eos_ids=eos, skip=skip)
         return self._released_after(stream)

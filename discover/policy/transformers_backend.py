@@ -81,7 +81,9 @@ class TransformersSampler:
         rendered = [self.render_prompt(p, sampling.think_end) for p in prompts]
         model = self.trainer.model
         model.eval()
-        engine = HFDecodeEngine(model, self.tokenizer, self.trainer.device, self.eos_ids(), self._max_positions())
+        engine = HFDecodeEngine(
+            model, self.tokenizer, self.trainer.device, self.eos_ids(), self._max_positions(), self.model_config.decode_batch_size
+        )
         return stream_two_phase(
             engine, rendered, n, sampling, seed, fmt, encode=self.encode, decode=self.decode, eos_ids=self.eos_ids(), skip=skip
         )

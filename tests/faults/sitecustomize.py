@@ -22,9 +22,9 @@ N: right after the N-th rollout of step STEP is stored while it is generated (st
   its collectives).
 
 - DISCOVER_HOLD_RANK=PATH: a trainer rank on Ray (discover/policy/ray_ranks.py, `TrainerRank.run`)
-  writes PATH and sleeps there; DISCOVER_HOLD_DECODE="N:PATH": the N-th `decode_batch` call of a
-  generation replica (discover/policy/replicas.py) does the same. Given to one Ray node's processes,
-  so a test can kill that node while it holds the work.
+  writes PATH and sleeps there; DISCOVER_HOLD_DECODE="N:PATH": the N-th `decode_batch` call of the
+  generation replicas (discover/policy/replicas.py) that have it, counted together (in PATH.calls),
+  does the same. Given to one Ray node's processes, so a test can kill that node while it holds the work.
 
 - DISCOVER_EVAL_LOG=PATH appends one line "STEP KEY PID" to PATH each time a candidate is really
   evaluated (discover.evaluation.run_job), in whichever process runs it (engine workers too), so
@@ -232,13 +232,17 @@ def _hold_rank(ray_ranks) -> None:
 
 
 def _hold_decode(replicas) -> None:
-    decode_batch, nth, calls = replicas.GenerationReplica.decode_batch, int(HOLD_DECODE.split(":", 1)[0]), []
+    decode_batch = replicas.GenerationReplica.decode_batch
+    nth, path = HOLD_DECODE.split(":", 1)
 
     @functools.wraps(decode_batch)
     def held(self, *args, **kwargs):
-        calls.append(1)
-        if len(calls) == nth:
-            _held(HOLD_DECODE.split(":", 1)[1])
+        with open(path + ".calls", "a+") as f:  # the batch engine's calls come one at a time
+            f.write(f"{os.getpid()}\n")
+            f.seek(0)
+            calls = len(f.read().splitlines())
+        if calls == int(nth):
+            _held(path)
         return decode_batch(self, *args, **kwargs)
 
     replicas.GenerationReplica.decode_batch = held
