@@ -28,6 +28,9 @@ os.environ.setdefault("DISCOVER_ALLOW_UNBOUNDED_PROCESS_TREE", "1")
 # unable to reach the owner, cancelled the actors before they ran (docs/cluster.md, "One kind of Ray per process").
 os.environ["RAY_AUTH_MODE"] = "disabled"
 SERVER_STARTUP_TIMEOUT_S = 900  # generous: on a loaded 2-core machine a first start takes minutes
+# A Prefect server on SQLite waits this long for the database's write lock (Prefect's default, 10 s,
+# ran out on the loaded 2-core machine: "database is locked"; docs/operations.md)
+SQLITE_BUSY_TIMEOUT_S = "120"
 
 # A discovery run in a fresh process (`python -c RUN_SCRIPT CONFIG.yaml`, with `cli_env`): it prints
 # the problem, the best state and its reward.
@@ -89,6 +92,7 @@ def prefect_server(tmp_path_factory: pytest.TempPathFactory):
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_UI_ENABLED="false")
+    env.update(PREFECT_SERVER_DATABASE_TIMEOUT=SQLITE_BUSY_TIMEOUT_S)
     log = open(home / "server.log", "w")
     prefect = Path(sys.executable).parent / "prefect"
     proc = subprocess.Popen(

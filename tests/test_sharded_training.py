@@ -174,7 +174,8 @@ def check_sharded_equals_one_process(
             worst[prefix + "optimizer"].append(optimizer)
             worst[prefix + "stats"].append(compare_stats(one[n - 1], stats[n - 1], assert_within=None))
     print("\none process:", one, "\ntwo ranks:", two, "\nlargest relative differences:", worst)
-    assert worst["optimizer"][0] <= TOLERANCE and worst["stats"][0] <= TOLERANCE, worst
+    for key in ("optimizer", "stats"):  # step 1: within 1e-6, or twice what one process differs from itself
+        assert worst[key][0] <= max(TOLERANCE, 2 * worst[f"floor {key}"][0]), (key, worst)
     worst["adam consistency"] = [adam_first_step_consistency(model, start, tmp_path / "two" / "ckpt-1", trains[0])]
     print("Adam's first update against the adapter two ranks wrote:", worst["adam consistency"])
     assert worst["adam consistency"][0] <= TOLERANCE
@@ -238,11 +239,13 @@ def test_more_ranks_than_gpus_names_the_fix(monkeypatch) -> None:
 def test_two_ranks_equal_one_process_on_smollm2(tmp_path: Path) -> None:
     """The same for a real model, SmolLM2-135M-Instruct (30 decoder layers, tied embeddings): one
     step of three short rollouts with 2 ranks and with 1: Adam's state and the statistics agree within
-    1e-6 relative, and the adapter two ranks wrote is Adam's update of that state (within 1e-6)."""
+    1e-6 relative or twice what one process differs from itself with another micro-batch split (here
+    that floor is 3.4e-5 and 1.1e-5: float32 through 30 layers with other padding), and the adapter two
+    ranks wrote is Adam's update of that state (within 1e-6)."""
     model = ModelConfig(name="smollm2-135m", lora_rank=4, device="cpu", micro_batch_tokens=96)
     policy, comps = _rollouts(model, (4, 8, 6), ["Name a prime number.", "Write one Python line that adds two numbers."])
     # the adapter's first Adam update is steep in the gradient where |g| is near eps: here one process
-    # against itself (another micro-batch split) already differs by about 6e-3, two ranks by about 1e-2
+    # against itself (another micro-batch split) already differs by about 0.66, two ranks by about 0.75
     check_sharded_equals_one_process(model, comps, tmp_path, policy, steps=1, adapter_against_floor=False)
 
 

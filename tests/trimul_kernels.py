@@ -476,7 +476,12 @@ def custom_kernel(data):
     "spawns_a_thread": (
         BASE
         + """
-spin = torch.threading.Thread(target=lambda: sum(range(10 ** 9)), daemon=True)
+def _spin():
+    while True:
+        pass
+
+
+spin = torch.threading.Thread(target=_spin, daemon=True)
 spin.start()
 
 
