@@ -183,7 +183,7 @@ def test_a_seeded_engine_s_continuations_go_to_their_group_s_replica(connected) 
             self.engine, self._spec = _SeededEngine(index), {}
 
     actors = [ray.remote(Replica).options(num_cpus=0.1).remote(i) for i in range(2)]
-    engine = ReplicaDecodeEngine(actors, "stream", None)
+    engine = ReplicaDecodeEngine(actors, "stream", None, batch_size=1)  # stream mode: unused
     submitted = {("answer", (i, j)): (PhaseRequest([i, 7], 3), 1000 * i + j) for i in range(3) for j in range(4)}
     for key, (request, seed) in submitted.items():
         engine.submit(key, request, 1.0, seed)

@@ -54,7 +54,7 @@ class HFDecodeEngine:
     evaluation can start while the next batch decodes).
     """
 
-    def __init__(self, model, tokenizer, device: torch.device, eos_ids: set[int], max_context: int | None, batch_size: int = 512):
+    def __init__(self, model, tokenizer, device: torch.device, eos_ids: set[int], max_context: int | None, batch_size: int):
         self.model = model
         self.batch_size = batch_size  # model.decode_batch_size
         self.tokenizer = tokenizer

@@ -1,7 +1,7 @@
 """The ranks of a sharded training step as Ray actors (`cluster.trainer_placement: ray`, docs/cluster.md).
 
-One step: a placement group of W bundles (one GPU a rank, or one CPU on a CPU cluster, plus
-`cluster.trainer_resources`), packed onto as few nodes as fit; one `TrainerRank` actor a bundle.
+One step: a placement group of W bundles (one CPU, plus one GPU where the model trains on GPUs, plus
+`cluster.trainer_resources`: `rank_bundle`), packed onto as few nodes as fit; one `TrainerRank` actor a bundle.
 Rank 0's actor names its node's address and a free port there, where the ranks meet; each actor then
 runs `sharded._rank_main` on the step's job (the same code as the ranks spawned on one machine).
 The adapter and Adam's state the ranks start from travel to them through Ray's object store (the

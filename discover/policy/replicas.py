@@ -285,7 +285,7 @@ def group_of(key: Hashable) -> int:
 class ReplicaDecodeEngine:
     """`engine.DecodeEngine` over R replica actors (see the module: "Spreading")."""
 
-    def __init__(self, actors: list[Any], mode: str, max_context: int | None, batch_size: int = 512):
+    def __init__(self, actors: list[Any], mode: str, max_context: int | None, batch_size: int):
         self.ray = _ray()
         self.actors, self.mode, self.max_context = actors, mode, max_context
         self.batch_size = batch_size  # batch mode: model.decode_batch_size, as one engine batches
