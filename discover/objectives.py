@@ -42,11 +42,12 @@ def kl_to_uniform(rewards: np.ndarray, beta: float) -> float:
 
 
 def adaptive_beta(rewards: np.ndarray, gamma: float = math.log(2)) -> float | None:
-    """Beta >= 0 with KL(q_beta || uniform) == gamma; None when gamma cannot be reached.
+    """Beta >= 0 with KL(q_beta || uniform) == gamma, or the capped beta when no beta reaches gamma.
 
     The search runs on the dimensionless u = beta * (r_max - r_min) over range-normalised
     rewards, so the result is invariant to r -> w r + b (w > 0); beta is returned in the
-    caller's units (u / range).
+    caller's units (u / range). None when no beta gives a finite signal: fewer than two
+    rollouts, equal rewards, or one best reward whose KL reaches gamma only at beta = inf.
     """
     if not gamma > 0:
         raise ValueError(f"gamma must be > 0, got {gamma}")
@@ -58,8 +59,8 @@ def adaptive_beta(rewards: np.ndarray, gamma: float = math.log(2)) -> float | No
         return None  # equal rewards: q is uniform for every beta, KL = 0
     x = (r - r.min()) / span  # docs/method.md §2: normalise rewards by their range (x in [0, 1])
     n_max = int(np.count_nonzero(r == r.max()))
-    if math.log(r.size / n_max) <= gamma:
-        return None  # docs/method.md §2: sup_beta KL = log(K / #argmax) <= gamma, so gamma is never reached
+    if n_max == 1 and math.log(r.size) <= gamma:
+        return None  # docs/method.md §2: K = 2: KL -> ln 2 only as beta -> inf, where A_best = 1 / eps
 
     def kl(u: float) -> float:
         return kl_to_uniform(x, u)
@@ -69,7 +70,8 @@ def adaptive_beta(rewards: np.ndarray, gamma: float = math.log(2)) -> float | No
     while kl(hi) < gamma:
         lo = hi
         if hi >= BETA_RANGE_CAP:
-            return None  # unreachable within the cap (e.g. max KL = log(K / #argmax) <= gamma)
+            # docs/method.md §2: gamma unreachable (e.g. sup KL = log(K / #argmax) <= gamma): the cap, as released
+            return BETA_RANGE_CAP / span
         hi = min(2.0 * hi, BETA_RANGE_CAP)
 
     # docs/method.md §2: bisection on u for KL(q_u || uniform) = gamma (KL is nondecreasing in u).
@@ -104,7 +106,7 @@ def loo_entropic_advantages(rewards: np.ndarray, beta: float) -> np.ndarray:
 @dataclass(frozen=True)
 class GroupAdvantages:
     advantages: np.ndarray  # shape (K,), float64
-    beta: float  # the beta used; float('nan') when not applicable (expected/none or unreachable)
+    beta: float  # the beta used; float('nan') when not applicable (expected/none, or no beta gives a signal)
 
 
 def group_advantages(
@@ -131,7 +133,7 @@ def group_advantages(
         return GroupAdvantages(loo_entropic_advantages(r, beta), beta)
     beta_or_none = adaptive_beta(r, gamma)  # docs/method.md §2: adaptive beta with KL = gamma
     if beta_or_none is None:
-        return GroupAdvantages(zeros, math.nan)  # docs/method.md §2: gamma unreachable -> zero advantages
+        return GroupAdvantages(zeros, math.nan)  # docs/method.md §2: equal rewards or K = 2 with gamma unreached
     return GroupAdvantages(loo_entropic_advantages(r, beta_or_none), beta_or_none)
 
 

@@ -82,14 +82,42 @@ def test_equal_rewards_give_zero_and_none():
     assert math.isnan(out.beta)
 
 
-def test_unreachable_gamma_gives_zero():
-    # sup_beta KL = log(K / #argmax) <= log 2 here: K = 2 distinct, two of four tied at the max,
-    # and K = 3 with two tied at the max (log 1.5 < log 2).
-    for r in ([0.0, 1.0], [0.0, 0.0, 1.0, 1.0], [5.0, 7.0, 7.0]):
+def test_two_different_rewards_give_zero():
+    # K = 2: KL -> ln 2 only as beta -> inf, where the better rollout's LOO advantage is 1 / eps.
+    for r in ([0.0, 1.0], [3.0, -4.0]):
         assert adaptive_beta(np.array(r)) is None
         out = group_advantages(r, "entropic-adaptive")
-        np.testing.assert_array_equal(out.advantages, np.zeros(len(r)))
+        np.testing.assert_array_equal(out.advantages, np.zeros(2))
         assert math.isnan(out.beta)
+
+
+@pytest.mark.parametrize(
+    "rewards, n_best",
+    [([0.0, 0.0, 1.0, 1.0], 2), ([5.0, 7.0, 7.0], 2), ([0.8174, 0.8174, 0.8174, 0.0], 3), ([0.0, 0.5, 2.0, 2.0, 2.0, 2.0], 4)],
+)
+def test_ties_at_the_best_still_give_a_signal(rewards, n_best):
+    # sup_beta KL = log(K / #argmax) <= ln 2: gamma is unreachable, and beta is the released code's cap.
+    r = np.array(rewards)
+    k = r.size
+    beta = adaptive_beta(r)
+    assert beta is not None and np.isfinite(beta)
+    assert kl_to_uniform(r, beta) <= GAMMA + 1e-12  # the tilt stays inside the KL budget
+    out = group_advantages(r, "entropic-adaptive")
+    best = r == r.max()
+    np.testing.assert_allclose(out.advantages[best], (k - 1) / (n_best - 1) - 1, rtol=1e-9)
+    np.testing.assert_allclose(out.advantages[~best], -1.0, atol=1e-9)
+    moved = group_advantages(1e-3 * r + 7.0, "entropic-adaptive")  # still invariant to affine maps
+    np.testing.assert_allclose(moved.advantages, out.advantages, rtol=1e-9, atol=1e-9)
+
+
+def test_a_near_tie_with_the_best_counts_as_a_tie():
+    # The second best 1e-12 of the range below the best: at the cap it weighs like the best.
+    r = np.array([1.0, 1.0 - 1e-12, 0.0])
+    beta = adaptive_beta(r)
+    assert beta is not None
+    adv = group_advantages(r, "entropic-adaptive").advantages
+    assert adv[0] > 0 and adv[1] > 0 and adv[2] == pytest.approx(-1.0)
+    assert adv[0] == pytest.approx(adv[1], rel=1e-5)
 
 
 @pytest.mark.parametrize("objective", OBJECTIVES)
