@@ -91,8 +91,8 @@ def get_sandbox(
             if backend == "docker":
                 raise ValueError(f"the docker sandbox backend cannot run here: {why}")
             warnings.warn(
-                f"sandbox 'auto': {why}; using the process backend, which does not isolate the "
-                "filesystem or the network (see docs/sandbox.md, 'Process')",
+                f"sandbox 'auto': {why}; using the process backend (its isolation, and what it needs "
+                "from the kernel and the user: docs/sandbox.md, 'Process')",
                 RuntimeWarning,
                 stacklevel=2,
             )
