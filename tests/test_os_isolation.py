@@ -18,6 +18,7 @@ import platform
 import secrets
 import shutil
 import socket
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -67,6 +68,7 @@ def _run(box, program: str, argument=None):
 
 CONNECT = """
 import socket
+import sys
 
 def main(ports):
     out = {}
@@ -224,6 +226,26 @@ def test_two_evaluations_at_once_cannot_see_each_others_tmp(sandbox, backend):
             box.close()
     assert first["out"].ok and first["out"].output == "done", first
     assert seen == {"/tmp": False, "/dev/shm": False}, f"the second evaluation saw the first's files: {seen}"
+
+
+SCRATCH_OF_ITS_OWN = """
+import os
+
+def main(name):
+    with open("/tmp/mine.txt", "w") as f:
+        f.write("written")
+    return {"host_file_seen": os.path.exists("/tmp/" + name), "own_file": open("/tmp/mine.txt").read()}
+"""
+
+
+def test_tmp_on_the_hosts_import_path_does_not_replace_the_candidates_scratch(monkeypatch):
+    # A script started from /tmp has /tmp on sys.path; the sandbox once bound the host's /tmp
+    # read-only over the candidate's fresh one, and every run failed setting up its namespaces.
+    box = _box(None, "process", "namespaces")
+    monkeypatch.setattr(sys, "path", ["/tmp", *sys.path])
+    with tempfile.NamedTemporaryFile(dir="/tmp", prefix="discover-host-") as host_file:
+        out = _run(box, SCRATCH_OF_ITS_OWN, os.path.basename(host_file.name))
+    assert out == {"host_file_seen": False, "own_file": "written"}
 
 
 # -- kernel keys and other system calls ------------------------------------------------------------

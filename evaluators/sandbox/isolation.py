@@ -360,12 +360,14 @@ ELF_INTERPRETERS = ("/lib64/ld-linux-x86-64.so.2", "/lib/ld-linux-aarch64.so.1",
 
 def hidden_by_scratch(paths) -> list[str]:
     """Those of `paths` (directories that exist) that a fresh scratch tmpfs would hide (a virtual
-    environment under /tmp, say): to be bound read-only at their own paths."""
+    environment under /tmp, say): to be bound read-only at their own paths. A scratch directory
+    itself (/tmp on the import path of a script started from /tmp) is never one: binding it would
+    show the host's /tmp to the candidate in place of its own fresh, writable one."""
     tops = [os.path.realpath(t) for t in SCRATCH]
     found = set()
     for path in paths:
         real = os.path.realpath(path)
-        if os.path.isdir(real) and any(real == t or real.startswith(t + "/") for t in tops):
+        if os.path.isdir(real) and any(real.startswith(t + "/") for t in tops):
             found.add(real)
     return sorted(found)
 
