@@ -14,9 +14,8 @@ Printed, per arm: the best reward a rollout reached (seeds excluded) per seed, t
 and the mean reward by step (means over seeds), wall time; per arm, seed and step the best and
 mean reward, the valid fraction and the groups with a reward signal (`train/groups_with_signal`:
 the groups with a non-zero advantage under the arm's objective, the only ones it learns from; 0 for
-the arms without training; under the adaptive entropic objective a group whose best reward is
-shared by half or more of its rollouts has none, since its KL target ln 2 is then out of reach,
-docs/method.md §2); and for the TTT arm the mean
+the arms without training; under the adaptive entropic objective only a group whose rollouts all
+scored the same has none, docs/method.md §2); and for the TTT arm the mean
 |sampler - learner| log-probability gap of each training step (train/logprob_gap). The picture
 (mean reward and valid fraction by step, one line per arm) goes to --plot.
 
