@@ -383,3 +383,32 @@ def test_each_sandbox_run_sees_only_the_gpu_it_names() -> None:
         assert [box._key(limits, None, d)[-1] for d in ("3", None, "cpu")] == ["3", "all", ""]
         run = box.run("def f(a):\n    return 7\n", "f", None, limits, device="cpu")  # no device request at all
         assert run.ok and run.output == 7, run.reason
+
+
+def test_the_checker_finds_an_input_changed_behind_the_drivers_back_and_names_the_element() -> None:
+    """A driver subverted into reporting an in-place write as clean still fails at the checker, which
+    regenerates x itself; its reason names a changed element and both values."""
+    import base64
+
+    import numpy
+
+    checker: dict = {}
+    exec(compile(TriMulProblem(device="cpu").checker_program, "checker", "exec"), checker)  # noqa: S102 (our own source)
+    shape = next(s for s in SHAPES["tests"] if s["seqlen"] == 32 and s["distribution"] == "cauchy")
+    job = {"device": "cpu", "tests": [shape], "full_check_elements": 1 << 20, "sample_elements": {"test": 64}, "x_sample_elements": 256}
+    x, mask, weights, config = generate_input(**shape, device="cpu")
+    out = trimul_reference(x, mask, weights, config).reshape(-1).numpy()
+    rng = numpy.random.default_rng(11)
+    x_flat = rng.integers(0, x.numel(), job["x_sample_elements"])  # out is whole (under full_check_elements): no draw before
+    seen = x.reshape(-1)[torch.as_tensor(x_flat)].numpy().copy()
+
+    def b64(a):
+        return base64.b64encode(a.astype("<f4").tobytes()).decode("ascii")
+
+    call = {"kind": "test", "set": "tests", "shape": 0, "seed": shape["seed"], "pos_seed": 11, "full": True, "values": b64(out)}
+    assert checker["check_call"]({**call, "x_values": b64(seen)}, shape, job, torch, numpy, {}) == ""
+    seen[7] *= 0.5  # what `data[0].mul_(0.5)` left at one sampled position
+    why = checker["check_call"]({**call, "x_values": b64(seen)}, shape, job, torch, numpy, {})
+    assert "the input x was changed in place" in why and "1 of 256 checked values differ" in why, why
+    b, i, j, c = numpy.unravel_index(int(x_flat[7]), tuple(x.shape))
+    assert f"[b, i, j, c] = {[int(b), int(i), int(j), int(c)]}" in why, why

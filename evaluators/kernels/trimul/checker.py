@@ -62,8 +62,16 @@ def check_call(call, shape, job, torch, numpy, cache):
     x_flat = rng.integers(0, x.numel(), job["x_sample_elements"])
     x_got = _decode(call["x_values"], numpy)
     x_expected = x[torch.as_tensor(x_flat, device=x.device)].cpu().numpy()
-    if x_got.shape != x_expected.shape or x_got.view("<i4").tolist() != x_expected.astype("<f4").view("<i4").tolist():
-        return f"{label}: the input x was changed in place by the kernel (inputs must be left as they were given)"
+    if x_got.shape != x_expected.shape:
+        return f"{label}: {x_got.size} values of the input x came back, {x_expected.size} were due"
+    differ = numpy.flatnonzero(x_got.view("<i4") != x_expected.astype("<f4").view("<i4"))
+    if differ.size:
+        k = int(differ[0])
+        return (
+            f"{label}: the input x was changed in place by the kernel (inputs must be left as they were given): "
+            f"{differ.size} of {x_got.size} checked values differ; first at [b, i, j, c] = "
+            f"{_where(shape, int(x_flat[k]))}: {float(x_got[k])!r}, given {float(x_expected[k])!r}"
+        )
     return ""
 
 
