@@ -140,3 +140,10 @@ def test_without_a_cluster_section_generation_stays_in_the_steps_process() -> No
         {"problem": "toy", "cluster": {"generation_replicas": 2, "address": "10.0.0.1:6379"}, "evaluation": {"runner": "ray"}}
     )
     assert ok.cluster.generation_replicas == 2
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_configuration_loads(path: Path) -> None:
+    """What the README and docs tell users to run validates as it stands (a misspelt or retired field fails here)."""
+    config = load_config(path)
+    assert config.problem and config.steps >= 1
