@@ -179,6 +179,13 @@ def main() -> int:
         gaps = [[_at(records[("ttt", s)], t, "train/logprob_gap") for s in args.seeds] for t in range(args.steps)]
         print(f"\nTTT: mean |sampler - learner| log-probability gap per completion token, by step (seeds {args.seeds}):")
         print("  " + ", ".join(f"step {t}: " + "/".join("–" if g is None else f"{g:.2e}" for g in gs) for t, gs in enumerate(gaps)))
+    if base["sampling"].get("answer_format") == "edits":
+        print("\nWhat the valid answers were, per run and step: the parent, the rewards, and each distinct edit (its first")
+        print("changed line, before -> after) with its count; 'the example' marks the prompt's own example block copied:\n")
+        for arm in args.arms:
+            for s in args.seeds:
+                for line in _edit_answers(args.out / f"{arm}-seed{s}"):
+                    print(f"    {arm}-seed{s} {line}")
     title = f"{base['model']['name']} on {problem}, {budget} samples per arm and seed, mean over seeds {args.seeds}"
     plot(per_step, title, args.plot)
     (args.out / "results.json").write_text(json.dumps({f"{a}/{s}": r for (a, s), r in records.items()}, indent=1))
@@ -207,6 +214,47 @@ def _wall_seconds(run_dir: Path, elapsed: float) -> float:
     total = (json.loads(record.read_text())["seconds"] if record.is_file() else 0.0) + elapsed
     record.write_text(json.dumps({"seconds": total}))
     return total
+
+
+def _edit_answers(run_dir: Path) -> list[str]:
+    """Per step of a run with answers as edits: the parent, the valid answers' rewards and their distinct edits."""
+    import pyarrow.parquet as pq
+
+    from discover.edits import example_block, parse_blocks
+
+    steps = sorted((run_dir / "steps").glob("[0-9]*/evaluations.parquet"))
+    archive0 = run_dir / "archive" / "0000.parquet"
+    if not steps or not archive0.is_file():
+        return []
+    code = {r["state_id"]: (r["code"], r["reward"]) for r in pq.read_table(archive0, columns=["state_id", "code", "reward"]).to_pylist()}
+    out = []
+    for path in steps:
+        rows = pq.read_table(path).to_pylist()
+        answers = {(r["group"], r["index"]): r["answer"] for r in pq.read_table(path.parent / "rollouts.parquet").to_pylist()}
+        parent = rows[0]["parent_id"] if rows else "?"
+        example = example_block(code.get(parent, ("", None))[0] or "")
+        valid = [r for r in rows if r["valid"]]
+        edits: dict[str, list[float]] = {}
+        for r in valid:
+            block = parse_blocks(answers[(r["group"], r["index"])])[0]
+            before = next((x.strip() for x in block.search if x.strip()), "")
+            after = next((x.strip() for x in block.replace if x.strip()), "")
+            same = (
+                example is not None
+                and [x.strip() for x in block.search] == [example[0].strip()]
+                and [x.strip() for x in block.replace] == [x.strip() for x in example[1].splitlines()]
+            )
+            key = ("the example: " if same else "") + f"{before!r} -> {after!r}"
+            edits.setdefault(key, []).append(r["reward"])
+        parent_reward = code.get(parent, (None, None))[1]
+        said = "; ".join(f"{len(v)} x {k} ({', '.join(f'{x:.6f}' for x in sorted(set(v)))})" for k, v in edits.items())
+        out.append(
+            f"step {int(path.parent.name)}: parent {parent} ({parent_reward:.6f}); valid {len(valid)}/{len(rows)}"
+            + (f": {said}" if said else "")
+        )
+        for r in rows:
+            code[r["child_id"]] = (r["code"], r["reward"])
+    return out
 
 
 def _seed_best(out: Path, arm: str, seed: int) -> float | None:
