@@ -74,6 +74,7 @@ def plot(per_step: dict[str, dict[str, list[float | None]]], title: str, path: P
     axes[0].set(xlabel="step", ylabel="mean reward of the step's rollouts", title="mean reward (invalid = 0)")
     axes[1].set(xlabel="step", ylabel="valid fraction", title="valid candidates", ylim=(-0.02, 1.02))
     for ax in axes:
+        ax.xaxis.get_major_locator().set_params(integer=True)  # steps are whole numbers
         ax.grid(alpha=0.3)
         ax.legend()
     fig.suptitle(title, fontsize=10)
