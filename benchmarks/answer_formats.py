@@ -10,7 +10,7 @@ with the edit format under `edits`), `steps.generate` (--answers completions of 
 --answer-tokens each, the same sampling seed in both arms) and `steps.evaluate` (edits applied on
 the host, every program run in the sandbox). The arms of a problem differ in the answer format and
 in the answer prefix the configuration starts the answer with (SmolLM2 needs one to write code at
-all): the configuration's "```python" for `program`, "<<<<<<< SEARCH" for `edits`.
+all): "```python" for `program`, "<<<<<<< SEARCH" for `edits`, whatever the configuration says.
 
 Printed, per arm: the valid fraction, for edits the applied fraction (answers whose blocks applied),
 the best and mean reward against the seed's, and a histogram of the reasons of invalid answers
@@ -42,6 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 EDITS_PREFIX = "<<<<<<< SEARCH\n"
+PROGRAM_PREFIX = "```python\n"  # what configs/smollm2-circles.yaml starts an answer with
 SUMMARY = "summary.json"
 
 
@@ -51,8 +52,7 @@ def arm_config(base: dict, answer_format: str, answers: int, answer_tokens: int,
     config.update(run_dir=str(out / f"{config['problem']}-{answer_format}"), steps=1, groups=1, rollouts_per_group=answers)
     sampling = config.setdefault("sampling", {})
     sampling.update(answer_format=answer_format, max_answer_tokens=answer_tokens)
-    if answer_format == "edits":
-        sampling["answer_prefix"] = EDITS_PREFIX
+    sampling["answer_prefix"] = EDITS_PREFIX if answer_format == "edits" else PROGRAM_PREFIX
     config.setdefault("reuse", {})["seed_states"] = 1  # one initial state, the same for both arms
     config["sandbox"] = {**config.get("sandbox", {}), "backend": "process"}
     return config

@@ -47,7 +47,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from answer_formats import EDITS_PREFIX  # noqa: E402 - benchmarks/ is this script's folder
+from answer_formats import EDITS_PREFIX, PROGRAM_PREFIX  # noqa: E402 - benchmarks/ is this script's folder
 from toy_learning import ARMS, arm_config  # noqa: E402
 
 
@@ -95,7 +95,7 @@ def main() -> int:
         "--answer-format",
         choices=["program", "edits"],
         default=None,
-        help="sampling.answer_format (default: the configuration's); edits starts every answer with '<<<<<<< SEARCH'",
+        help="sampling.answer_format (default: the configuration's); edits starts each answer with '<<<<<<< SEARCH', program with a fence",
     )
     parser.add_argument("--config", type=Path, default=ROOT / "configs" / "smollm2-circles.yaml")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "bench-real")
@@ -121,8 +121,7 @@ def main() -> int:
     base.setdefault("sampling", {})["max_answer_tokens"] = args.answer_tokens
     if args.answer_format is not None:
         base["sampling"]["answer_format"] = args.answer_format
-        if args.answer_format == "edits":
-            base["sampling"]["answer_prefix"] = EDITS_PREFIX
+        base["sampling"]["answer_prefix"] = EDITS_PREFIX if args.answer_format == "edits" else PROGRAM_PREFIX
     if args.fresh:
         shutil.rmtree(args.out, ignore_errors=True)
     records: dict[tuple[str, int], list[dict]] = {}
