@@ -118,22 +118,21 @@ def run_steps(model: ModelConfig, start: Path, out: Path, batches, trains, world
     return stats
 
 
-def adam_first_step_consistency(model: ModelConfig, start: Path, ckpt: Path, train: TrainConfig) -> float:
-    """The largest relative difference between the adapter written at `ckpt` and Adam's first update,
-    computed here in float64 from the Adam state written beside it, applied to the adapter at `start`
-    (torch's Adam: p - lr / (1 - b1) * m / (sqrt(v) / sqrt(1 - b2) + eps)). Small: the adapter gathered
-    and written is the update of the state gathered and written."""
-    names = [n.replace(".default", "") for n, p in LoRATrainer.load(model, start / "adapter").model.named_parameters() if p.requires_grad]
-    before = load_file(str(start / "adapter" / "adapter_model.safetensors"))
-    after = load_file(str(ckpt / "adapter" / "adapter_model.safetensors"))
-    state = torch.load(ckpt / "optimizer.pt", weights_only=True)["state"]
+def adam_update_consistency(model: ModelConfig, before: Path, after: Path, train: TrainConfig) -> float:
+    """The largest relative difference between the adapter written at `after` and Adam's update,
+    computed here in float64 from the Adam state written beside it (its step t read from that state),
+    applied to the adapter at `before` (torch's Adam: p - lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)).
+    Small: the adapter gathered and written is the update of the state gathered and written."""
+    names = [n.replace(".default", "") for n, p in LoRATrainer.load(model, before / "adapter").model.named_parameters() if p.requires_grad]
+    start = load_file(str(before / "adapter" / "adapter_model.safetensors"))
+    end = load_file(str(after / "adapter" / "adapter_model.safetensors"))
+    state = torch.load(after / "optimizer.pt", weights_only=True)["state"]
     (b1, b2), worst = train.adam_betas, 0.0
-    assert sorted(names) == sorted(after) and len(state) == len(names)
+    assert sorted(names) == sorted(end) and len(state) == len(names)
     for i, name in enumerate(names):
-        m, v = state[i]["exp_avg"].double(), state[i]["exp_avg_sq"].double()
-        assert float(state[i]["step"]) == 1.0
-        expected = before[name].double() - train.learning_rate / (1 - b1) * m / (v.sqrt() / math.sqrt(1 - b2) + train.adam_eps)
-        worst = max(worst, relative_difference(after[name], expected))
+        m, v, t = state[i]["exp_avg"].double(), state[i]["exp_avg_sq"].double(), float(state[i]["step"])
+        expected = start[name].double() - train.learning_rate / (1 - b1**t) * m / (v.sqrt() / math.sqrt(1 - b2**t) + train.adam_eps)
+        worst = max(worst, relative_difference(end[name], expected))
     return worst
 
 
@@ -150,9 +149,9 @@ def check_sharded_equals_one_process(
     (this step's gradient against the last one's). That floor is measured here, not assumed: one
     process against itself with another micro-batch split (every rollout in one pass), which sums the
     same gradient in another order. Everything must stay within 1e-6 or twice that floor, whichever
-    is larger; with `adapter_against_floor` False the adapter is held to Adam's update of the two
-    ranks' state instead (`adam_first_step_consistency`, within 1e-6), its difference to one process
-    only reported."""
+    is larger. The adapter two ranks wrote is always held to Adam's update of their own state
+    (`adam_update_consistency`, within 1e-6, every step); with `adapter_against_floor` False that is
+    all, its difference to one process only reported."""
     start = tmp_path / "ckpt-0"
     policy.save(start / "adapter", start / "optimizer.pt")  # a new adapter, as a run's first checkpoint
     advantages = [1.0, -0.5, 0.25, 0.0, -1.0, 0.75, 0.5][: len(comps)]
@@ -176,9 +175,10 @@ def check_sharded_equals_one_process(
     print("\none process:", one, "\ntwo ranks:", two, "\nlargest relative differences:", worst)
     for key in ("optimizer", "stats"):  # step 1: within 1e-6, or twice what one process differs from itself
         assert worst[key][0] <= max(TOLERANCE, 2 * worst[f"floor {key}"][0]), (key, worst)
-    worst["adam consistency"] = [adam_first_step_consistency(model, start, tmp_path / "two" / "ckpt-1", trains[0])]
-    print("Adam's first update against the adapter two ranks wrote:", worst["adam consistency"])
-    assert worst["adam consistency"][0] <= TOLERANCE
+    two_dirs = [start] + [tmp_path / "two" / f"ckpt-{n}" for n in range(1, steps + 1)]
+    worst["adam consistency"] = [adam_update_consistency(model, two_dirs[n - 1], two_dirs[n], trains[n - 1]) for n in range(1, steps + 1)]
+    print("Adam's update against the adapter two ranks wrote, by step:", worst["adam consistency"])
+    assert all(w <= TOLERANCE for w in worst["adam consistency"]), worst
     for key in keys if adapter_against_floor else ("optimizer", "stats"):
         assert all(w <= max(TOLERANCE, 2 * f) for w, f in zip(worst[key], worst[f"floor {key}"], strict=True)), (key, worst)
     # the comparison means something: the steps moved the adapter far more than the tolerance
@@ -198,13 +198,17 @@ def check_sharded_equals_one_process(
 
 def test_two_ranks_equal_one_process_on_the_tiny_model(tmp_path: Path) -> None:
     """Must show: one (then a second) training step of the tiny model with 2 ranks and with 1 agree
-    in the adapter, Adam's state and the step's statistics (`check_sharded_equals_one_process`). Seven rollouts
-    (the ranks get 4 and 3) over several micro-batches each, so the ranks run different numbers of
-    real passes."""
+    in Adam's state and the step's statistics, and the adapter two ranks wrote is Adam's update of
+    that state (`check_sharded_equals_one_process`). Seven rollouts (the ranks get 4 and 3) over
+    several micro-batches each, so the ranks run different numbers of real passes. The adapter itself
+    is not held to twice one process's split-to-split floor: at step 2 Adam's first moment can cancel
+    (this step's gradient against the last one's), and on one CPU (this test's failing machine) two
+    ranks differed from one process by 7.0e-5 where the other split differed by 3.0e-5, with Adam's
+    state within 1e-6 of one process's and the adapter within 1e-6 of Adam's update of it."""
     model = ModelConfig(name="tiny-qwen3", lora_rank=4, device="cpu", micro_batch_tokens=64)
     policy, comps = _rollouts(model, (3, 24, 11, 17, 6, 9, 20), ["Improve the bound.", "Write a function that returns floats. " * 2])
     assert len(comps) == 7 and all(len(s) > 0 for s in share_rollouts(comps, 2))
-    check_sharded_equals_one_process(model, comps, tmp_path, policy)
+    check_sharded_equals_one_process(model, comps, tmp_path, policy, adapter_against_floor=False)
 
 
 def test_rollouts_are_shared_out_deterministically_by_tokens() -> None:
