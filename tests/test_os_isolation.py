@@ -68,7 +68,6 @@ def _run(box, program: str, argument=None):
 
 CONNECT = """
 import socket
-import sys
 
 def main(ports):
     out = {}
