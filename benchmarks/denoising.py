@@ -89,7 +89,7 @@ def main() -> int:
     magic_beats_none = True
     for seed in args.seeds:
         # our own programs only, so the process backend (which shows the data to a candidate) is allowed
-        problem = DenoisingProblem(data=args.data, layer=args.layer, split_seed=seed, allow_process_backend=True)
+        problem = DenoisingProblem(data=args.data, layer=args.layer, split_seed=seed)
         prepared = problem.prepared()
         box = sandbox_for(problem, args.sandbox)
         cells, genes = prepared.split.shape

@@ -10,7 +10,7 @@ from pathlib import Path
 import typer
 
 from cli.output import fail
-from evaluators.sandbox import BACKENDS
+from evaluators.sandbox import BACKENDS, ISOLATIONS
 
 
 def _load_problem(problem: str, **options):
@@ -33,6 +33,9 @@ def evaluate(
     memory_mb: int | None = typer.Option(None, "--memory-mb", min=16, help="MB; overrides the problem's memory limit"),
     cases: str | None = typer.Option(None, "--cases", help="problems with test cases: the cases to run, e.g. 0-9 or 0,5,7-9 (default all)"),
     keep_going: bool = typer.Option(False, "--keep-going", help="problems with test cases: run every case even after one fails"),
+    isolation: str = typer.Option(
+        "standard", "--isolation", help=f"the sandbox's isolation: {', '.join(ISOLATIONS)} ('none': trusted programs only; docs/sandbox.md)"
+    ),
 ) -> None:
     """Score one candidate program in the sandbox (with a progress line per step of a long evaluation, e.g. per case, on stderr)."""
     from evaluators.base import EvalResult
@@ -40,6 +43,8 @@ def evaluate(
 
     if sandbox not in BACKENDS:
         fail(f"--sandbox must be one of {', '.join(BACKENDS)}, got {sandbox!r}")
+    if isolation not in ISOLATIONS:
+        fail(f"--isolation must be one of {', '.join(ISOLATIONS)}, got {isolation!r}")
     if not file.is_file():
         fail(f"no such file: {file}")
     p = _load_problem(problem).with_limits(timeout_s=timeout, memory_mb=memory_mb)
@@ -51,7 +56,7 @@ def evaluate(
         except ValueError as err:  # a bad selection, e.g. a case that does not exist
             fail(str(err))
     try:
-        box = sandbox_for(p, sandbox)
+        box = sandbox_for(p, sandbox, isolation=isolation)
     except ValueError as err:
         fail(str(err))
     if p.progress_logger:
@@ -61,12 +66,12 @@ def evaluate(
     if candidate is None:
         result = EvalResult.invalid("no candidate found in the file")
     else:
-        from evaluators.sandbox.base import BackendRefused
+        from evaluators.sandbox.base import BackendRefused, InfrastructureError
         from evaluators.sandbox.native import SessionError
 
         try:
             result = p.evaluate(candidate, None, box)
-        except SessionError as err:  # the sandbox cannot work here (no compiler): not the candidate's fault
+        except (SessionError, InfrastructureError) as err:  # the sandbox cannot work here: not the candidate's fault
             fail(f"the {box.name} sandbox cannot evaluate {problem}: {err}")
         except BackendRefused as err:  # the problem will not run candidates in this backend (denoising: process)
             fail(str(err))

@@ -21,6 +21,7 @@ from discover.edits import ANSWER_FORMATS
 from discover.objectives import OBJECTIVES
 from discover.reuse import REUSE_RULES
 from evaluators.sandbox import BACKENDS as SANDBOX_BACKENDS
+from evaluators.sandbox import ISOLATIONS as SANDBOX_ISOLATIONS
 
 # Where candidates are evaluated; flows/engines.py starts each (this section owns the names).
 EVALUATION_RUNNERS = ("local", "dask", "ray")
@@ -50,6 +51,7 @@ def _enum(names: tuple[str, ...]) -> WithJsonSchema:
 ReuseRule = Annotated[str, one_of(REUSE_RULES), _enum(REUSE_RULES)]
 Objective = Annotated[str, one_of(OBJECTIVES), _enum(OBJECTIVES)]
 SandboxBackend = Annotated[str, one_of(SANDBOX_BACKENDS), _enum(SANDBOX_BACKENDS)]
+SandboxIsolation = Annotated[str, one_of(SANDBOX_ISOLATIONS), _enum(SANDBOX_ISOLATIONS)]
 EvaluationRunner = Annotated[str, one_of(EVALUATION_RUNNERS), _enum(EVALUATION_RUNNERS)]
 ChildrenScope = Annotated[str, one_of(CHILDREN_SCOPES), _enum(CHILDREN_SCOPES)]
 InvalidChildren = Annotated[str, one_of(INVALID_CHILDREN), _enum(INVALID_CHILDREN)]
@@ -256,6 +258,12 @@ class SandboxConfig(_Section):
         False,
         description="let the process backend run where it cannot make a cgroup, bounding a candidate's "
         "processes one by one (rlimits) and not its whole tree; false: it refuses (use docker there)",
+    )
+    isolation: SandboxIsolation = Field(
+        "standard",
+        description="'standard': bubblewrap and a seccomp allow-list (process), runc and the allow-list (docker); "
+        "'gvisor': docker containers under gVisor's runsc; 'none': the process backend without any isolation, "
+        "for trusted programs only (verdicts and metrics say so). docs/sandbox.md",
     )
 
 

@@ -175,6 +175,7 @@ def run_job(job: CandidateJob) -> EvalResult:
         config["sandbox"]["backend"],
         config["sandbox"]["concurrency"],
         config["sandbox"].get("allow_unbounded_process_tree", False),
+        config["sandbox"].get("isolation", "standard"),
     )
     t0 = time.time()
     verdict = judge_candidate(problem, job.candidate, ParentView(job.parent_code, job.parent_construction), sandbox, job.child_id)

@@ -180,7 +180,11 @@ def reevaluate_states(
         None
         if refusal
         else sandbox_for(
-            problem, run.config.sandbox.backend, run.config.sandbox.concurrency, run.config.sandbox.allow_unbounded_process_tree
+            problem,
+            run.config.sandbox.backend,
+            run.config.sandbox.concurrency,
+            run.config.sandbox.allow_unbounded_process_tree,
+            run.config.sandbox.isolation,
         )
     )
     rows = []

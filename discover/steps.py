@@ -80,7 +80,11 @@ def _seed_states(run: Run) -> list[State]:
     problem = run.problem()
     seeds = draw_seeds(problem, run.config)  # docs/method.md §5a: one seed per group
     sandbox = sandbox_for(
-        problem, run.config.sandbox.backend, run.config.sandbox.concurrency, run.config.sandbox.allow_unbounded_process_tree
+        problem,
+        run.config.sandbox.backend,
+        run.config.sandbox.concurrency,
+        run.config.sandbox.allow_unbounded_process_tree,
+        run.config.sandbox.isolation,
     )
     states = []
     scored: dict[str, EvalResult] = {}  # a seed program drawn for several groups is run once

@@ -77,6 +77,7 @@ class SandboxResult:
     reason: str = ""  # why not ok: "timeout after 5.0 s", "exit code 1", "memory limit", ...
     logs: str = ""  # tail of stdout+stderr, capped
     duration_s: float = 0.0
+    denied: str = ""  # the system calls outside the sandbox's profile that were refused (EPERM), named; "" if none
 
 
 class Sandbox(Protocol):

@@ -45,7 +45,6 @@ import atexit
 import base64
 import json
 import logging
-import math
 import secrets
 import threading
 import time
@@ -54,6 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from evaluators.sandbox import syscalls
 from evaluators.sandbox.base import DATA_ENV, SandboxLimits, SandboxResult, tmpfs_mb
 from evaluators.sandbox.docker_engine import (  # noqa: F401  (re-exported: tests and callers use them here)
     LABEL,
@@ -63,6 +63,7 @@ from evaluators.sandbox.docker_engine import (  # noqa: F401  (re-exported: test
     _client,
     _owner,
     engine_answers,
+    gvisor_missing,
     image_exists,
     image_ref,
     locked_down_host_config,
@@ -70,7 +71,7 @@ from evaluators.sandbox.docker_engine import (  # noqa: F401  (re-exported: test
     recv_frame,
     sandbox_containers,
 )
-from evaluators.sandbox.process import HARNESS, _thread_env
+from evaluators.sandbox.process import HARNESS, LAUNCHER, _thread_env, rlimits
 from evaluators.sandbox.run_outputs import compose_logs, failure_reason, parse_output
 
 log = logging.getLogger("discover.sandbox")
@@ -106,8 +107,14 @@ class DockerSandbox:
         exec_tmp: bool | None = None,
         gpu: bool = False,
         client=None,
+        gvisor: bool = False,
     ):
         self.image = image_ref(image)
+        # the seccomp profile's kinds (syscalls.docker_profile): the image's Python runs, and in the
+        # C++ image its compiler and programs beside the Python runner
+        self.kinds: tuple[str, ...] = (
+            ("gpu",) if gpu or image == "gpu" else ("python", "compiler", "program") if "cpp" in image else ("python",)
+        )
         self.concurrency = max(1, int(concurrency))
         self.warm = warm
         self.max_runs = max_runs
@@ -118,8 +125,18 @@ class DockerSandbox:
         self._client = client or _client(timeout=START_TIMEOUT_S)
         self._api = self._client.api
         self._client.images.get(self.image)  # fail now (ImageNotFound) rather than at the first run
+        # GPU containers stay on runc: gVisor's GPU support (nvproxy) is newer than the runsc that
+        # Debian ships and proxies a subset of the driver's calls only (docs/sandbox.md, "gVisor")
+        self.gvisor = bool(gvisor) and not gpu
+        if gvisor and gpu:
+            log.warning("sandbox.isolation gvisor: %s runs GPU programs, which stay on runc (docs/sandbox.md, gVisor)", self.image)
+        if self.gvisor:
+            why = gvisor_missing(self._client)
+            if why:
+                raise ValueError(f"sandbox.isolation 'gvisor' cannot run here: {why}")
         self._engine_cpus = int(self._api.info().get("NCPU") or 1)  # a CPU quota above it is refused
         self._harness = HARNESS.read_text(encoding="utf-8")
+        self._launcher = LAUNCHER.read_text(encoding="utf-8")
         self._runner = RUNNER
         self._slots = threading.BoundedSemaphore(self.concurrency)
         self._lock = threading.Lock()
@@ -190,16 +207,17 @@ class DockerSandbox:
 
         token = secrets.token_hex(16)
         cap = int(limits.max_output_bytes)
-        job = {
-            "entry": entry,
-            "memory_mb": int(limits.memory_mb),
-            "cpu_s": math.ceil(limits.timeout_s * max(1, limits.cpus)) + 5,
-            "fsize_mb": int(limits.max_file_mb),  # the tmpfs is sized to hold it (base.tmpfs_mb)
-            # pids_limit bounds the container; RLIMIT_NPROC (per uid, engine-wide) only as a
-            # second line, generous because every container's candidate shares RUN_UID.
-            "nproc": 4096,
-            "address_space": bool(limits.limit_address_space),
-        }
+        # the launcher's limits (confine.py; the tmpfs is sized to hold the largest file: base.tmpfs_mb);
+        # pids_limit bounds the container, RLIMIT_NPROC (per uid, engine-wide) only as a second line,
+        # generous because every container's candidate shares RUN_UID. The container's seccomp
+        # profile is Docker's to apply (locked_down_host_config).
+        limited = {**rlimits(limits), "RLIMIT_NPROC": [4096, 4096]}
+        if self.gvisor:  # gVisor refuses to set it (its message queues live in its own kernel anyway)
+            limited.pop("RLIMIT_MSGQUEUE")
+        # the launcher also installs the Python kind's own filter (EPERM, no listener): under runc it
+        # narrows the container's profile, under gVisor, which ignores a container's profile, it is the one
+        seccomp = base64.b64encode(syscalls.bpf(self.kinds[0] if self.kinds[0] == "gpu" else "python", "errno")).decode()
+        job = {"entry": entry, "confine": {"rlimits": limited, "seccomp": seccomp}}
         payload = {
             "token": token,
             "cap": cap,
@@ -218,6 +236,7 @@ class DockerSandbox:
             },
             "files": {
                 "harness.py": self._harness,
+                "confine.py": self._launcher,
                 "candidate.py": program,
                 "input.json": json.dumps(argument, allow_nan=True),
                 "job.json": json.dumps(job),
@@ -372,6 +391,8 @@ class DockerSandbox:
         host_config = locked_down_host_config(
             self._api,
             memory_mb + tmpfs_mb + HEADROOM_MB,
+            self.kinds,
+            self.gvisor,
             nano_cpus=int(min(cpus, self._engine_cpus) * 1e9),
             pids_limit=max_processes + 16,  # + keeper, init, runner and its threads
             tmpfs={"/tmp": tmp_opts},

@@ -27,6 +27,24 @@ def _client(timeout: float = 30.0):
     return docker.from_env(timeout=timeout)
 
 
+GVISOR_RUNTIME = "runsc"  # the name gVisor's runtime is registered under (`runsc install`)
+
+
+def gvisor_missing(client=None) -> str:
+    """Why Docker cannot run containers under gVisor here ("" when it can): the engine must list
+    the runsc runtime (Debian: apt-get install runsc; then `runsc install` and reload dockerd)."""
+    try:
+        runtimes = (client or _client()).api.info().get("Runtimes") or {}
+    except Exception as err:  # docker.errors.DockerException and socket errors
+        return f"the Docker engine did not answer: {err}"
+    if GVISOR_RUNTIME not in runtimes:
+        return (
+            f"the Docker engine has no {GVISOR_RUNTIME!r} runtime (it has {', '.join(sorted(runtimes)) or 'none'}): "
+            "install gVisor (Debian: apt-get install runsc), run `runsc install` and reload dockerd (kill -HUP its pid)"
+        )
+    return ""
+
+
 def engine_answers() -> bool:
     """True when a Docker engine answers a ping."""
     try:
@@ -87,14 +105,20 @@ def sandbox_containers(client=None) -> list:
     return client.containers.list(all=True, filters={"label": LABEL})
 
 
-def locked_down_host_config(api, memory_mb: int, **settings):
+def locked_down_host_config(api, memory_mb: int, kinds: tuple[str, ...], gvisor: bool = False, **settings):
     """What every sandbox container has, whatever it runs: docker-init as PID 1, removed once
     stopped, no network, `memory_mb` of memory and no swap on top, a read-only root filesystem, no
     new privileges, no capability (unless `settings` adds some), a private IPC namespace, no core
-    dumps. `settings` adds the rest (CPU quota, process limit, tmpfs, devices, mounts)."""
+    dumps, and the seccomp allow-list of the kinds of program it runs (syscalls.docker_profile);
+    with `gvisor`, gVisor's runtime (runsc) instead of runc. `settings` adds the rest (CPU quota,
+    process limit, tmpfs, devices, mounts)."""
     import docker
 
+    from evaluators.sandbox.syscalls import docker_profile
+
     mem = f"{memory_mb}m"
+    if gvisor:
+        settings["runtime"] = GVISOR_RUNTIME
     return api.create_host_config(
         init=True,
         auto_remove=True,
@@ -102,7 +126,7 @@ def locked_down_host_config(api, memory_mb: int, **settings):
         mem_limit=mem,
         memswap_limit=mem,  # equal: no swap on top of the memory limit
         read_only=True,
-        security_opt=["no-new-privileges"],
+        security_opt=["no-new-privileges", "seccomp=" + docker_profile(kinds)],
         cap_drop=["ALL"],
         ipc_mode="private",
         ulimits=[docker.types.Ulimit(name="core", soft=0, hard=0)],

@@ -106,6 +106,8 @@ class NativePool:
         host_config = locked_down_host_config(
             self.api,
             memory_mb + HEADROOM_MB,
+            self.box.kinds,
+            self.box.gvisor,
             nano_cpus=int(1e9),  # one CPU: the slot runs one case at a time
             pids_limit=max_processes + 32,  # + keeper, init, runner and its helpers
             tmpfs={

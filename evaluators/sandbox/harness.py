@@ -1,29 +1,22 @@
 """Runs inside the sandbox: load candidate.py, call its entry point, write the value as JSON.
 
-Started by `ProcessSandbox` as `python -S -s -B -P harness.py job.json` with cwd = the run's temp
-dir. Uses only the standard library, so nothing is imported that the candidate did not ask for.
-With -S no site module runs and no .pth file (an editable install's) adds the project to the
-path: the job's `sys_path` is the whole import path (the standard library and site-packages,
-never the project's source), so a candidate cannot import the evaluators or their data.
-When the job names `cgroup_procs` (the run's cgroup, evaluators/sandbox/cgroups.py), the
-harness writes its pid there first, so its whole process tree is counted and bounded.
-When the job names `isolation` (the process backend, evaluators/sandbox/isolation.py), the harness
-then enters new namespaces: from here on it runs as PID 2 of its own PID namespace, with a
-read-only view of the host, fresh /tmp and /dev/shm, no network, Landlock and seccomp; the process
-its parent started stays outside and exits as it does.
-Exit codes: 0 value written to output.json; 1 the candidate raised (traceback on stderr);
-3 the entry point is missing; 4 the return value is not JSON data; 5 the harness could not join
-the cgroup; 6 it could not isolate the candidate (no candidate code ran in either case).
-The candidate shares this interpreter and can subvert all of it; that only hurts itself,
-since whatever it leaves in output.json is untrusted data that the parent verifies.
+Started as `python -S -s -B -P harness.py JOB [STATUS_FD OUTPUT_FD]`. Uses only the standard
+library, so nothing is imported that the candidate did not ask for. With -S no site module runs and
+no .pth file adds anything to the path: the job's `sys_path` is the whole import path (the standard
+library and the site-packages of the problem's packages, never this project's source).
 
-When job.json names a `uid` (the process backend does so when it runs as root), the harness
-drops to that unprivileged uid/gid after setting the limits and before any candidate code runs,
-so that RLIMIT_NPROC binds, root-only files stay unreadable and host processes cannot be signalled;
-with the job's `keyctl` it then joins a new anonymous session keyring, its own.
-Standard-library directories the new uid cannot traverse (e.g. an interpreter under /root) are
-kept importable through directory descriptors opened before the drop (/proc/self/fd/N).
-The docker backend runs this file unchanged inside the container, as a non-root user already.
+First, before any candidate code, the launcher (confine.py, next to this file, loaded by its path)
+makes this process what a candidate may be: the job's `confine` spec (the run's uid, the resource
+limits, the seccomp filter) and, with STATUS_FD, its report to the host on a channel the candidate
+never sees. Then the candidate is loaded from `candidate.py` and `entry(argument)` is called with the
+argument from `input.json` (both next to JOB); the value goes, as JSON, to OUTPUT_FD (a file the host
+opened and reads after the run) or, without one, to `output.json` in the working directory (the
+Docker backend, whose runner reads it).
+Exit codes: 0 value written; 1 the candidate raised (traceback on stderr); 3 the entry point is
+missing; 4 the return value is not JSON data; confine.EXIT_NOT_CONFINED the launcher failed (no
+candidate code ran; under a status channel the host knows it from the channel, never from this code).
+The candidate shares this interpreter and can subvert all of it after the launcher is done; that
+only hurts itself, since whatever it writes is untrusted data that the host verifies.
 """
 
 from __future__ import annotations
@@ -31,116 +24,19 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import resource
 import sys
 import traceback
 
-EXIT_RAISED, EXIT_NO_ENTRY, EXIT_BAD_VALUE, EXIT_NO_CGROUP, EXIT_NO_ISOLATION = 1, 3, 4, 5, 6
-ISOLATION_FAILED = "isolation-failed"  # written by root in the run directory: why isolation failed
+EXIT_RAISED, EXIT_NO_ENTRY, EXIT_BAD_VALUE = 1, 3, 4
+OUTPUT_ENV = "DISCOVER_OUTPUT_FD"  # the value's descriptor, for programs that write it themselves
 
 
-def _set_limits(job: dict) -> None:
-    """Resource limits, applied before any candidate code runs (inherited by its children)."""
-    mb = 1024 * 1024
-    if job.get("address_space", True):  # off for CUDA programs (SandboxLimits.limit_address_space)
-        resource.setrlimit(resource.RLIMIT_AS, (job["memory_mb"] * mb,) * 2)
-    resource.setrlimit(resource.RLIMIT_CPU, (job["cpu_s"], job["cpu_s"] + 1))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (job["fsize_mb"] * mb,) * 2)
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    # RLIMIT_NPROC counts every task (process or thread) of the user, and root ignores it.
-    resource.setrlimit(resource.RLIMIT_NPROC, (job["nproc"],) * 2)
-    # No POSIX message queues (they outlive the run, and nothing a candidate computes needs one).
-    resource.setrlimit(resource.RLIMIT_MSGQUEUE, (0, 0))
-    os.umask(0o077)  # files it creates (in /tmp too) are its own unless it says otherwise
-
-
-def _join_cgroup(paths: list) -> bool:
-    """Move this process into the run's cgroup (every hierarchy); False if any write failed."""
-    for path in paths:
-        try:
-            with open(path, "w", encoding="ascii") as f:
-                f.write(str(os.getpid()))
-        except OSError as err:
-            print(f"could not join the run's cgroup ({path}): {err}", file=sys.stderr, flush=True)
-            return False
-    return True
-
-
-def _isolate(spec: dict) -> bool:
-    """Namespaces, mounts, Landlock and seccomp (isolation.py, loaded by its path: the project is not
-    on the import path); returns in the candidate's process only. False (and why, in the run
-    directory's ISOLATION_FAILED, written before any candidate code ran) when it failed."""
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "isolation.py")
-    module_spec = importlib.util.spec_from_file_location("_discover_isolation", path)
-    isolation = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(isolation)
-    # The run directory as it is now: a failure half-way leaves us in new mounts, our cwd read-only.
-    here = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        isolation.enter(spec)
-    except isolation.IsolationError as err:
-        fd = os.open(ISOLATION_FAILED, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644, dir_fd=here)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(str(err))
-        print(f"the sandbox could not isolate the candidate: {err}", file=sys.stderr, flush=True)
-        return False
-    finally:
-        os.close(here)  # never left to the candidate: it opens the host's view of the run directory
-    return True
-
-
-def _reachable_by_others(path: str) -> bool:
-    """True when every directory from / down to `path` is searchable by any user."""
-    path = os.path.realpath(path)
-    while True:
-        try:
-            if not os.stat(path).st_mode & 0o001:
-                return False
-        except OSError:
-            return False
-        parent = os.path.dirname(path)
-        if parent == path:
-            return True
-        path = parent
-
-
-def _drop_privileges(uid: int, gid: int, keyctl: int | None = None) -> None:
-    """Become `uid`:`gid` with no supplementary groups; keep sys.path importable. With `keyctl`
-    (the system call's number, from the host), join a new anonymous session keyring of the uid."""
-    import ctypes  # imported now: the standard library may be unreachable after the drop
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    moved = {}  # unreachable directory -> /proc/self/fd/N
-    for i, entry in enumerate(sys.path):
-        if entry and os.path.isdir(entry) and not _reachable_by_others(entry):
-            fd = os.open(entry, os.O_RDONLY | os.O_DIRECTORY)
-            moved[entry] = sys.path[i] = f"/proc/self/fd/{fd}"
-
-    def remap(path: str) -> str:
-        for old, new in moved.items():
-            if path == old or path.startswith(old + os.sep):
-                return new + path[len(old) :]
-        return path
-
-    for module in list(sys.modules.values()):  # packages already imported find submodules here
-        search = getattr(module, "__path__", None)
-        if isinstance(search, list):
-            search[:] = [remap(p) for p in search]
-    sys.path_importer_cache.clear()
-    os.setgroups([])
-    os.setgid(gid)
-    os.setuid(uid)
-    if os.getuid() != uid or os.geteuid() != uid:
-        raise SystemExit("could not drop privileges")
-    # setuid() made the process non-dumpable, which hides /proc/self/fd from itself.
-    libc.prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE = 4
-    if keyctl is not None:
-        # KEYCTL_JOIN_SESSION_KEYRING with no name: @s is new and the run's alone, not the session
-        # keyring inherited from us (whose keys a possessor may read, and which concurrent runs
-        # would share). Where it fails (no keys in the kernel, a seccomp filter) the candidate
-        # cannot use keyrings either.
-        libc.syscall.restype = ctypes.c_long
-        libc.syscall(ctypes.c_long(keyctl), ctypes.c_long(1), None)
+def _launcher(here: str):
+    """confine.py, loaded by its path (the project is not on the import path)."""
+    spec = importlib.util.spec_from_file_location("_discover_confine", os.path.join(here, "confine.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _to_json(value, depth: int = 0):
@@ -169,23 +65,38 @@ def _print_candidate_traceback(err: BaseException) -> None:
     traceback.print_exception(type(err), err, tb, file=sys.stderr)
 
 
+def _write_value(data: str, output_fd: int | None) -> None:
+    if output_fd is None:
+        with open("output.json.part", "w", encoding="utf-8") as f:
+            f.write(data)
+        os.replace("output.json.part", "output.json")
+        return
+    with os.fdopen(output_fd, "w", encoding="utf-8") as f:
+        f.write(data)
+
+
 def main() -> int:
-    with open(sys.argv[1], encoding="utf-8") as f:
+    job_path = os.path.abspath(sys.argv[1])
+    status_fd = int(sys.argv[2]) if len(sys.argv) > 2 else None
+    output_fd = int(sys.argv[3]) if len(sys.argv) > 3 else None
+    here = os.path.dirname(job_path)
+    with open(job_path, encoding="utf-8") as f:
         job = json.load(f)
     if job.get("sys_path") is not None:
         sys.path[:] = [str(p) for p in job["sys_path"]]
-    if not _join_cgroup(job.get("cgroup_procs") or []):
-        return EXIT_NO_CGROUP
-    if job.get("isolation") and not _isolate(job["isolation"]):
-        return EXIT_NO_ISOLATION
-    _set_limits(job)
-    if job.get("uid") is not None:
-        _drop_privileges(int(job["uid"]), int(job["gid"]), job.get("keyctl"))
-    with open("input.json", encoding="utf-8") as f:
+    launcher = _launcher(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        launcher.enter(job.get("confine") or {"require_seccomp": False}, status_fd)
+    except launcher.NotConfined as err:
+        print(f"the sandbox could not confine the candidate: {err}", file=sys.stderr, flush=True)
+        return launcher.EXIT_NOT_CONFINED
+    if output_fd is not None:  # for a program that streams its value itself (the denoising driver)
+        os.environ[OUTPUT_ENV] = str(output_fd)
+    with open(os.path.join(here, "input.json"), encoding="utf-8") as f:
         argument = json.load(f)
     sys.dont_write_bytecode = True
 
-    path = os.path.abspath("candidate.py")
+    path = os.path.join(here, "candidate.py")
     with open(path, encoding="utf-8", errors="replace") as f:
         source = f.read()
     try:
@@ -212,9 +123,7 @@ def main() -> int:
     except (TypeError, ValueError, RecursionError) as err:
         print(f"bad return value: {err}", file=sys.stderr, flush=True)
         return EXIT_BAD_VALUE
-    with open("output.json.part", "w", encoding="utf-8") as f:
-        f.write(data)
-    os.replace("output.json.part", "output.json")
+    _write_value(data, output_fd)
     return 0
 
 

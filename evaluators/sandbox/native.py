@@ -60,14 +60,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from evaluators.sandbox.isolation import EXTRA_TASKS
-
 RUNNER = Path(__file__).with_name("native_runner.py")
 # The AtCoder command line of docs/method.md §5b ({src} and {out} are filled in by the runner).
 COMPILE_COMMAND = ("g++", "-std=gnu++20", "-O2", "-DONLINE_JUDGE", "-DATCODER", "-o", "{out}", "{src}")
 BACKSTOP_S = 20.0  # the host gives up on a runner this long after its own limit should have ended a job
 CASE_HEADROOM_MB = 64  # a case's cgroup: its memory limit plus this (page cache of its output)
 COMPILE_TASKS = 64  # tasks of the compiler's tree (g++, cc1plus, as, ld)
+EXTRA_TASKS = 3  # bubblewrap's monitor and the namespace's init, and the launcher's start, beside the program
 CASE_TMPFS_MB = 512  # each scratch tmpfs of the compiler or a case under the process backend (charged to its cgroup)
 ALLOCATION_FAILED = ("std::bad_alloc", "Cannot allocate memory", "memory exhausted", "out of memory")
 
@@ -162,6 +161,8 @@ def classify(raw: dict[str, Any], limits: NativeLimits) -> CaseRun:
         status, detail = "OLE", f"more than {limits.output_bytes} bytes of output"
     elif sig is not None or code:
         status, detail = "RE", _exit(sig, code)
+    if status != "OK" and raw.get("denied_calls"):
+        detail += f"; {raw['denied_calls']}"
     return CaseRun(
         case=int(raw["index"]),
         status=status,
@@ -346,13 +347,29 @@ def message(payload: dict[str, Any]) -> bytes:
 
 class LocalSession:
     """A runner process on this machine (the process backend): pinned to the core that the fewest
-    of our runners use, and, when we are root, dropping the program to a fresh unprivileged uid."""
+    of our runners use, and, when we are root, dropping the program to a fresh unprivileged uid.
 
-    def __init__(self, slot: int, limits: NativeLimits, layout: Any = None, isolation: dict[str, Any] | None = None):
-        from evaluators.sandbox.reaping import SCRATCH_DIRS, acquire_run_uid, keyctl_number, nproc_limit
+    `isolation` (ProcessSandbox's): "standard" puts the compiler and each case in a bubblewrap
+    sandbox of their own (view.compiler_view, view.program_view) under the launcher and the
+    "compiler" or "program" seccomp profile; "none" runs them as they are (trusted code only).
+    `seen` ({kind: {call: count}}) collects the calls the filters refused; with `learn` the filters
+    let every call through and it collects them all (learn_profiles.py)."""
+
+    def __init__(
+        self,
+        slot: int,
+        limits: NativeLimits,
+        layout: Any = None,
+        isolation: str = "standard",
+        seen: dict | None = None,
+        learn: bool = False,
+    ):
+        from evaluators.sandbox.reaping import acquire_run_uid
 
         self.limits = limits
         self.layout = layout  # evaluators/sandbox/cgroups.py's Layout: each case gets a cgroup; None: none
+        self.seen = seen if seen is not None else {}
+        self.learn = learn
         self.token = secrets.token_hex(16)
         self.parent = tempfile.mkdtemp(prefix="discover-native-")  # 0700, ours
         self.uid = acquire_run_uid()
@@ -362,21 +379,20 @@ class LocalSession:
             os.chown(self.parent, -1, self.uid)
             os.chmod(self.parent, 0o710)
         self.cpu = _take_core()
+        workdir = os.path.join(self.parent, "w")
+        self.sandbox, self.fds = self._sandbox(workdir, isolation) if isolation != "none" else (None, [])
         self.common = {
             "token": self.token,
             "marker": secrets.token_hex(16),
             "uid": self.uid,
             "gid": self.uid,
             "cpu": self.cpu,
-            "workdir": os.path.join(self.parent, "w"),
-            "nproc": limits.max_processes if self.uid is not None else nproc_limit(limits.max_processes),
+            "workdir": workdir,
+            "nproc": limits.max_processes,
             "cgroup": False,  # the host's cgroup counts everyone's processes; each case gets its own (case())
-            "scratch": [d for d in SCRATCH_DIRS if d != "/dev/mqueue"] if self.uid is not None else [],
+            "scratch": [],
             "case_dir": True,
-            "keyctl": keyctl_number() if self.uid is not None else None,  # a session keyring per child
-            # namespaces, Landlock and seccomp for the compiler and each case (isolation.py): the
-            # process backend's shared part (process.isolation) with a tmpfs size for the binary's files
-            "isolation": {**isolation, "tmpfs_mb": CASE_TMPFS_MB} if isolation else None,
+            "sandbox": self.sandbox,
         }
         self.stderr = tempfile.TemporaryFile()
         try:
@@ -387,6 +403,7 @@ class LocalSession:
                 stderr=self.stderr,
                 start_new_session=True,
                 close_fds=True,
+                pass_fds=self.fds,
                 cwd=self.parent,
             )
         except OSError as err:
@@ -394,6 +411,36 @@ class LocalSession:
             raise SessionError(f"could not start the runner: {err}") from None
         self.reader = ReplyReader(self.token, self._recv, self._death)
         self.ended = False
+
+    def _sandbox(self, workdir: str, isolation: str) -> tuple[dict[str, Any], list[int]]:
+        """The runner's `sandbox` setup (native_runner.Child): bubblewrap's command line for the
+        compiler and for a case, their files' descriptors, the launcher and the filters."""
+        from evaluators.sandbox import bwrap, syscalls, view
+
+        if isolation != "standard":
+            raise SessionError(f"compiled programs run under sandbox.isolation 'standard' or 'none', not {isolation!r}")
+        uid = self.uid if self.uid is not None else os.getuid()
+        gid = self.uid if self.uid is not None else os.getgid()
+        views = {
+            "compiler": view.compiler_view(os.path.join(workdir, "build"), uid, gid, CASE_TMPFS_MB),
+            "program": view.program_view(os.path.join(workdir, "bin"), os.path.join(workdir, "case"), uid, gid, CASE_TMPFS_MB),
+        }
+        launcher = f"{view.BOX}/confine.py"
+        prefix, fds = {}, {}
+        for kind, v in views.items():
+            v.bind(str(Path(__file__).with_name("confine.py")), launcher)
+            prefix[kind], fds[kind] = bwrap.command(v, "/")
+        mode = "learn" if self.learn else "notify"
+        setup = {
+            "prefix": prefix,
+            "fds": fds,
+            "python": os.path.realpath(sys.executable),
+            "launcher": launcher,
+            "seccomp": {kind: base64.b64encode(syscalls.bpf(kind, mode)).decode() for kind in views},
+            "listener": True,
+            "learn": self.learn,
+        }
+        return setup, [fd for kind in fds for fd in fds[kind]]
 
     def _recv(self, timeout: float) -> bytes:
         fd = self.proc.stdout.fileno()
@@ -417,23 +464,39 @@ class LocalSession:
     def start(self, setup: dict[str, Any], timeout: float) -> dict[str, Any]:
         if "source" not in setup or self.layout is None:
             self._send({**setup, **self.common})
-            return self.reader.read(timeout)
+            return self._counted(self.reader.read(timeout))
         with self._cgroup(self.limits.compile_memory_mb, COMPILE_TASKS + EXTRA_TASKS) as group:  # the compiler's tree too
             self._send({**setup, **self.common, "cgroup_procs": group.procs_files})
-            return self.reader.read(timeout)
+            return self._counted(self.reader.read(timeout))
 
     def case(self, index: int, text: str, timeout: float) -> dict[str, Any]:
         if self.layout is None:
             self._send({"kind": "case", "index": index, "input": text})
-            return self.reader.read(timeout)
-        tasks = self.limits.max_processes + (EXTRA_TASKS if self.common["isolation"] and self.common["isolation"]["namespaces"] else 0)
-        with self._cgroup(self.limits.memory_mb + CASE_HEADROOM_MB, tasks) as group:
+            return self._counted(self.reader.read(timeout))
+        with self._cgroup(self.limits.memory_mb + CASE_HEADROOM_MB, self.limits.max_processes + EXTRA_TASKS) as group:
             self._send({"kind": "case", "index": index, "input": text, "cgroup_procs": group.procs_files})
-            raw = self.reader.read(timeout)
+            raw = self._counted(self.reader.read(timeout))
             group.kill()  # anything the runner could not find (it kills by uid or marker)
-            raw["cgroup_cpu_s"] = group.cpu_s()  # the whole tree's CPU, reaped or not
+            used = group.cpu_s()  # the whole tree's CPU, reaped or not, less the launcher's start
+            raw["cgroup_cpu_s"] = None if used is None else max(0.0, used - float(raw.get("launcher_cpu_s", 0.0)))
             raw["oom_kills"] = group.oom_kills()
             return raw
+
+    def _counted(self, raw: dict[str, Any]) -> dict[str, Any]:
+        """A report of the runner with its denied calls named (or counted, when learning); a case
+        whose sandbox could not start is the infrastructure's failure."""
+        from evaluators.sandbox import syscalls
+
+        if raw.get("setup_failed"):
+            raise SessionError(f"the sandbox could not start the program: {raw['setup_failed']}")
+        kind = "compiler" if raw.get("kind") == "ready" else "program"
+        counts = {(int(a), int(n)): int(c) for a, n, c in raw.pop("denied", None) or []}
+        seen = self.seen.setdefault(kind, {})
+        for key, c in counts.items():
+            seen[syscalls.name(*key)] = seen.get(syscalls.name(*key), 0) + c
+        if counts and not self.learn:
+            raw["denied_calls"] = syscalls.describe(counts, kind)
+        return raw
 
     @contextmanager
     def _cgroup(self, memory_mb: int, tasks: int) -> Iterator[Any]:
@@ -478,6 +541,9 @@ class LocalSession:
         from evaluators.sandbox.reaping import kill_uid, release_run_uid, remove_tree
 
         self.stderr.close()
+        for fd in self.fds:
+            os.close(fd)
+        self.fds = []
         if self.uid is not None:
             kill_uid(self.uid)
             release_run_uid(self.uid)

@@ -115,7 +115,17 @@ def tail(path, cap):
 
 
 class Child:
-    """How children of this runner are started and cleaned up after."""
+    """How children of this runner are started and cleaned up after.
+
+    With the setup's `sandbox` (the process backend), every child starts in a bubblewrap sandbox
+    whose command line the host built (`prefix` by kind: "compiler", "program"; the descriptors of
+    its generated files, `fds`, rewound before each start), under the launcher (confine.py in the
+    sandbox at `launcher`, with the kind's seccomp filter), which drops to `uid`, sets the limits
+    and reports on a channel of ours (supervisor.py, loaded by its path) before it executes the
+    compiler or the program. The sandbox's PID namespace dies with it, so nothing is left to find.
+    Without it (inside a container of the docker backend) the child drops to `uid` itself and
+    `clean` kills and removes what the uid left in the container.
+    """
 
     def __init__(self, job):
         self.root = os.geteuid() == 0
@@ -125,71 +135,39 @@ class Child:
         self.scratch = job.get("scratch", [])
         self.marker = job["marker"]  # not the reply token: the program can read its environment
         self.env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", MARKER: self.marker}
-        self.keyctl = None  # keyctl(2)'s system call, when the host names its number: (libc, number)
-        if self.uid is not None and job.get("keyctl") is not None:
-            import ctypes
-
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.syscall.restype = ctypes.c_long
-            self.keyctl = (libc.syscall, ctypes.c_long(int(job["keyctl"])), ctypes.c_long(1))
-        self.isolation = None  # the process backend's: isolation.py, loaded by its path, and what it does
-        if job.get("isolation"):
+        self.sandbox = job.get("sandbox")
+        self.supervisor = None
+        if self.sandbox:
             import importlib.util
 
-            path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "isolation.py")
-            spec = importlib.util.spec_from_file_location("_discover_isolation", path)
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-            self.isolation = (module, job["isolation"], module.loaders(), module.toolchain(self.env["PATH"]))
+            path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "supervisor.py")
+            spec = importlib.util.spec_from_file_location("_discover_supervisor", path)
+            self.supervisor = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(self.supervisor)
+        self.channel = self.listener = None
+        self.launcher_cpu_s = 0.0
 
-    def isolation_spec(self, binds, home, compiler):
-        """The isolation of one child (isolation.py): `binds` [(path, writable)] shown in its fresh
-        /tmp, `home` its passwd entry's home; it may execute the loaders, the toolchain when it is
-        the `compiler`, and files under its own directories and scratch filesystems."""
-        if self.isolation is None:
-            return None
-        module, shared, loaders, toolchain = self.isolation
-        own = [path for path, _ in binds]
-        if shared["namespaces"]:
-            own += list(module.SCRATCH)
-        return {
-            "namespaces": shared["namespaces"],
-            "tmpfs_mb": shared["tmpfs_mb"],
-            "binds": binds,
-            "user": {"uid": self.uid, "gid": self.gid, "home": home} if self.uid is not None else None,
-            "exec": loaders + (toolchain if compiler else []) + own if shared["landlock"] else None,
-            "seccomp": shared["seccomp"],
-        }
-
-    def popen(self, argv, limits, cgroup_procs=(), isolation=None, **kw):
+    def popen(self, argv, limits, cgroup_procs=(), kind="program", chdir=None, **kw):
         """Start `argv` under `limits` ({name: (soft, hard)}) as the unprivileged uid, inside the
         cgroup whose `cgroup.procs` files are `cgroup_procs` (the process backend's per-case group),
-        isolated as `isolation` says (isolation_spec: namespaces, Landlock, seccomp)."""
+        in the sandbox of `kind` when there is one."""
 
         def prepare():  # runs in the child before exec (we are single-threaded)
             for path in cgroup_procs:  # joined while still privileged: the whole tree is born inside
                 with open(path, "w") as f:
                     f.write(str(os.getpid()))
-            if isolation is not None:
-                # returns in the program's process only, PID 2 of a new PID namespace; the child
-                # we started waits outside and exits as the program does (isolation.py)
-                self.isolation[0].enter(isolation)
-            if self.uid is not None:
-                os.setgroups([])
-                os.setgid(self.gid)
-                os.setuid(self.uid)
-            if self.keyctl is not None:
-                # KEYCTL_JOIN_SESSION_KEYRING, anonymous: a session keyring of this child alone, not
-                # ours (where it fails, the program cannot use keyrings either)
-                syscall, number, join = self.keyctl
-                syscall(number, join, None)
-            os.umask(0o077)  # what it creates (in /tmp too) is unreadable by other cases' uids
-            for name, (soft, hard) in limits.items():
-                which = getattr(resource, name)
-                current = resource.getrlimit(which)[1]  # an unprivileged child cannot raise it
-                if current != resource.RLIM_INFINITY:
-                    hard = min(hard, current)
-                resource.setrlimit(which, (min(soft, hard), hard))
+            if self.sandbox is None:
+                if self.uid is not None:
+                    os.setgroups([])
+                    os.setgid(self.gid)
+                    os.setuid(self.uid)
+                os.umask(0o077)  # what it creates (in /tmp too) is unreadable by other cases' uids
+                for name, (soft, hard) in limits.items():
+                    which = getattr(resource, name)
+                    current = resource.getrlimit(which)[1]  # an unprivileged child cannot raise it
+                    if current != resource.RLIM_INFINITY:
+                        hard = min(hard, current)
+                    resource.setrlimit(which, (min(soft, hard), hard))
             if self.cpu is not None:
                 try:
                     os.sched_setaffinity(0, {self.cpu})
@@ -201,14 +179,81 @@ class Child:
             except OSError:
                 pass
 
-        return subprocess.Popen(argv, env=self.env, start_new_session=True, close_fds=True, preexec_fn=prepare, **kw)
+        if self.sandbox is None:
+            return subprocess.Popen(argv, env=self.env, start_new_session=True, close_fds=True, preexec_fn=prepare, **kw)
+        box = self.sandbox
+        self.channel = self.supervisor.Channel()
+        spec = {
+            "uid": self.uid,
+            "gid": self.gid,
+            "rlimits": {name: list(value) for name, value in limits.items()},
+            "chdir": chdir or kw.get("cwd") or "/",
+            "seccomp": box["seccomp"][kind],
+            "listener": bool(box["listener"]),
+        }
+        for fd in box["fds"][kind]:
+            os.lseek(fd, 0, os.SEEK_SET)
+        command = box["prefix"][kind] + [box["python"], "-I", "-S", box["launcher"], json.dumps(spec), str(self.channel.child_fd)] + argv
+        kw["cwd"] = "/"
+        try:
+            return subprocess.Popen(
+                command,
+                env=self.env,
+                start_new_session=True,
+                close_fds=True,
+                preexec_fn=prepare,
+                pass_fds=[self.channel.child_fd, *box["fds"][kind]],
+                **kw,
+            )
+        finally:
+            self.channel.after_spawn()
+
+    def started(self, proc, timeout):
+        """In the sandbox: wait for the launcher's report (its listener, its own CPU time); a report
+        of why it could not start when it failed (no program code ran), else None."""
+        self.listener, self.launcher_cpu_s = None, 0.0
+        if self.channel is None:
+            return None
+        try:
+            report, fd = self.channel.wait_ready(timeout)
+        except self.supervisor.SetupFailed as failed:
+            return str(failed)
+        finally:
+            self.channel.close()
+            self.channel = None
+        self.launcher_cpu_s = float(report.get("cpu_s", 0.0))
+        if fd is not None:
+            self.listener = self.supervisor.Listener(fd, learn=bool(self.sandbox.get("learn")))
+        return None
+
+    def denied(self):
+        """[[arch, nr, count], ...] of the calls the last child's filter refused; closes the listener."""
+        if self.listener is None:
+            return []
+        counts = self.listener.counts()
+        self.listener.close()
+        self.listener = None
+        return [[arch, nr, n] for (arch, nr), n in sorted(counts.items())]
 
     def wait(self, proc, wall_s, start):
-        """(timed_out, wait status, rusage, wall seconds since `start`): waits on a pidfd, kills the
-        process group while its leader is unreaped (its pgid cannot be reused), then reaps it."""
+        """(timed_out, exit code, signal, rusage, wall seconds since `start`): waits on a pidfd while
+        answering the seccomp listener, kills the process group while its leader is unreaped (its
+        pgid cannot be reused), then reaps it. Bubblewrap exits with 128 + the signal that killed
+        the program: read as that signal."""
         fd = os.pidfd_open(proc.pid)
+        ready = False
         try:
-            ready, _, _ = select.select([fd], [], [], max(0.0, start + wall_s - time.monotonic()))
+            while not ready:
+                watch = [fd] + ([self.listener.fd] if self.listener is not None and self.listener.fd is not None else [])
+                left = start + wall_s - time.monotonic()
+                if left <= 0:
+                    break
+                readable, _, _ = select.select(watch, [], [], left)
+                if fd in readable:
+                    ready = True
+                elif readable and not self.listener.handle():
+                    self.listener.close()
+                    self.listener = None
         finally:
             os.close(fd)
         try:
@@ -217,10 +262,17 @@ class Child:
             pass
         _, status, usage = os.wait4(proc.pid, 0)
         proc.returncode = 0  # reaped here; keep subprocess from waiting again
-        return not ready, status, usage, time.monotonic() - start
+        code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
+        sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
+        if self.sandbox is not None and code is not None and code > 128:
+            code, sig = None, code - 128
+        return not ready, code, sig, usage, time.monotonic() - start
 
     def clean(self):
-        """Kill everything the child left and remove what it owns; True when nothing is left."""
+        """Kill everything the child left and remove what it owns; True when nothing is left (in a
+        sandbox: nothing can be, its PID namespace and scratch filesystems died with it)."""
+        if self.sandbox is not None:
+            return True
         if self.uid is None:
             return self._kill_marked()
         ok = False
@@ -382,22 +434,27 @@ def compile_source(setup, child, work):
             argv,
             limits,
             setup.get("cgroup_procs", ()),
-            child.isolation_spec([(build, True)], build, compiler=True),
+            kind="compiler",
             cwd=build,
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
         )
-        timed_out, status, _, _ = child.wait(proc, timeout, start)
+        failed = child.started(proc, timeout)
+        timed_out, code, sig, _, _ = child.wait(proc, timeout, start)
         del child.env["TMPDIR"]
+    denied = child.denied()
     child.clean()
+    if failed is not None:
+        shutil.rmtree(build, ignore_errors=True)
+        return {"ok": False, "seconds": 0.0, "log": "the sandbox could not start the compiler: %s" % failed, "missing": True}
     text, _ = tail(log_path, COMPILE_LOG)
-    result = {"seconds": time.monotonic() - start, "log": text.decode("utf-8", "replace")}
-    ok = not timed_out and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0 and os.path.isfile(out)
+    result = {"seconds": time.monotonic() - start, "log": text.decode("utf-8", "replace"), "denied": denied}
+    ok = not timed_out and code == 0 and os.path.isfile(out)
     if timed_out:
         result["log"] += "\ncompilation timed out after %g s" % timeout
-    elif os.WIFSIGNALED(status):
-        result["log"] += "\ncompiler killed by signal %d" % os.WTERMSIG(status)
+    elif sig is not None:
+        result["log"] += "\ncompiler killed by signal %d" % sig
     if ok:
         with open(out, "rb") as f:
             binary = f.read()
@@ -453,19 +510,20 @@ def run_case(case, setup, child, work):
     cpu0, oom0 = (cgroup_cpu_s(), cgroup_oom_kills()) if setup.get("cgroup") else (None, None)
     with open(paths["input"], "rb") as stdin, open(paths["stdout"], "wb") as stdout, open(paths["stderr"], "wb") as stderr:
         start = time.monotonic()
-        binds = [(os.path.join(work, "bin"), False)] + ([(private, True)] if private is not None else [])
         proc = child.popen(
             [os.path.join(work, "bin", "main")],
             limits,
             case.get("cgroup_procs", ()),
-            child.isolation_spec(binds, private or os.path.join(work, "bin"), compiler=False),
+            kind="program",
             cwd=private or os.path.join(work, "bin"),
             stdin=stdin,
             stdout=stdout,
             stderr=stderr,
         )
-        timed_out, status, usage, wall = child.wait(proc, float(setup["wall_s"]), start)
+        failed = child.started(proc, float(setup["wall_s"]))
+        timed_out, code, sig, usage, wall = child.wait(proc, float(setup["wall_s"]), start)
     cpu1, oom1 = (cgroup_cpu_s(), cgroup_oom_kills()) if setup.get("cgroup") else (None, None)
+    denied = child.denied()
     clean = child.clean()
     if private is not None:
         del child.env["HOME"], child.env["TMPDIR"]
@@ -477,10 +535,14 @@ def run_case(case, setup, child, work):
     return {
         "kind": "case",
         "index": case["index"],
-        "exit_code": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
-        "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
+        "setup_failed": failed,  # the sandbox could not start the program: ours to fix, not a verdict
+        "exit_code": code,
+        "signal": sig,
         "timed_out": timed_out,
-        "cpu_s": usage.ru_utime + usage.ru_stime,
+        # the launcher's own start (a Python interpreter) is not the program's time
+        "cpu_s": max(0.0, usage.ru_utime + usage.ru_stime - child.launcher_cpu_s),
+        "launcher_cpu_s": child.launcher_cpu_s,
+        "denied": denied,
         "wall_s": wall,
         "peak_kb": usage.ru_maxrss,
         "cgroup_cpu_s": None if cpu0 is None or cpu1 is None else cpu1 - cpu0,

@@ -1,62 +1,35 @@
-"""The process backend: each candidate runs in a fresh Python process under rlimits and a cgroup.
+"""The process backend: each candidate runs in a sandbox that bubblewrap builds on this machine.
 
-Per run: a new temp directory (0700; the run's uid's when we are root; deleted afterwards) holding
-candidate.py, input.json and job.json; `harness.py` loads the candidate, calls `entry(argument)`
-and writes the value to output.json. The process gets its own process group, a clean environment,
-rlimits (set by the harness before any candidate code runs), umask 077, no POSIX message queues
-(RLIMIT_MSGQUEUE 0), an import path without the project's own source (`python -S` and the job's
-`sys_path`: an editable install's .pth file never runs) and a wall-clock timeout after which the
-whole tree is SIGKILLed.
+Per run: a private host directory (0700, ours; deleted afterwards) holding the candidate's working
+directory (`work/`, its uid's), the captured stdout and stderr, and the file its return value is
+written to. The candidate runs `harness.py` in a bubblewrap sandbox (evaluators/sandbox/bwrap.py)
+whose file system is the minimal view of its problem (evaluators/sandbox/view.py: the interpreter,
+the packages its problem allows, its working directory at /sandbox/work, the job's files read-only
+at /sandbox, fresh /tmp, /var/tmp and /dev/shm); in new mount, PID, network, IPC and UTS namespaces;
+as its own unprivileged uid when we are root (`reaping.acquire_run_uid`); under a seccomp allow-list
+(evaluators/sandbox/syscalls.py, profile "python" or "gpu"); and inside a cgroup made for the run
+(evaluators/sandbox/cgroups.py: memory without swap, tasks and a CPU quota for the whole tree,
+joined before bubblewrap starts), with a wall-clock timeout after which the whole tree is killed.
 
-The whole process tree is bounded by a cgroup made for the run (evaluators/sandbox/cgroups.py):
-memory (no swap) = `memory_mb` for the tree together, tasks = `max_processes`, CPU quota =
-`cpus`. The harness joins it before it drops privileges, so every process the candidate starts
-is born inside; an out-of-memory kill anywhere in it fails the run ("memory limit ... exceeded
-by the process tree"), and afterwards the group is killed as a whole and removed. Where no
-cgroup can be made (no cgroup filesystem we may write: a normal user without a delegated
-cgroup v2, see `DISCOVER_CGROUP_PARENT`), the backend refuses to start (UnboundedProcessTree,
-one line naming the fix) unless `allow_unbounded_process_tree` (the configuration's
-sandbox.allow_unbounded_process_tree) is set; then it warns once and bounds each process alone.
+Nothing the candidate can write decides how the host reads the run: the job's files are read-only
+copies, its return value goes to a descriptor the host opened (`OUTPUT_FD`), and whether the
+sandbox was set up is known only from the launcher's report on a socket the candidate never holds
+(evaluators/sandbox/supervisor.py). A sandbox that cannot be set up raises InfrastructureError
+naming what failed; a missing bubblewrap refuses the backend when it is made (IsolationUnavailable,
+one line naming the fix). Running without isolation is asked for by name: `isolation="none"`
+(sandbox.isolation: none), for trusted code only; every verdict's logs then say so.
 
-When we run as root (CI, containers), each run gets its own unprivileged uid/gid, picked at random
-from a range no account uses: the harness drops to it before the candidate runs. Then
-RLIMIT_NPROC binds (the uid has no other tasks), root-only files are unreadable, the candidate
-cannot signal our processes, and after the run every process of that uid is killed, wherever
-it went (no marker needed), and what the uid left is removed: its files in /tmp, /var/tmp,
-/run/lock and /dev/shm, its System V IPC objects and POSIX message queues (reaping.remove_owned),
-and its user and user-session keyrings are cleared (a uid that still owns keys is never handed out
-again: reaping.acquire_run_uid). The harness also joins a new anonymous session keyring as the uid,
-so a candidate's @s is its own. Evaluations running at once are told apart this way: another run's
-directory is another uid's and 0700, and each run's cgroup has a CPU quota (`cpu_quota_missing`
-says when the machine allows none; docs/sandbox.md, "Evaluations running at the same time").
-
-Every candidate is isolated by the operating system first (evaluators/sandbox/isolation.py; the
-harness calls it): as root, new mount, network, IPC, UTS and PID namespaces with a read-only host,
-a fresh tmpfs on /tmp, /var/tmp, /dev/shm and /run/lock, the run's directory bound at its path and
-a passwd entry for its uid; Landlock (execve of the interpreter, the toolchain and its own files
-only) and a seccomp deny-list (built by libseccomp) for everyone. What the kernel lacks is found
-once (`isolation()`, a probe in a fresh process) and said once (`isolation_missing`).
-
-What this backend does NOT isolate (use the docker backend for untrusted models):
-- reading: the candidate can read every world-readable file (this repository and its evaluators
-  included, though it cannot import them) and, as a normal user, everything we can read;
-- the kernel: it is shared (seccomp is a deny-list), and so are timing side channels;
-- as a normal user (no namespaces): the network, world-writable places such as /tmp (nothing it
-  wrote outside its run directory is removed afterwards), other processes (those that leave the
-  process group are found by the cgroup, or without one only by an environment marker); RLIMIT_NPROC
-  counts all of our tasks; System V IPC objects are not removed;
-- without a cgroup (only when allowed): memory is bounded per process (RLIMIT_AS), not for the tree;
-- disk: RLIMIT_FSIZE caps each file, the tmpfs sizes the scratch filesystems, not the run directory.
+Where no cgroup can be made (no cgroup filesystem we may write: a normal user without a delegated
+cgroup v2, see `DISCOVER_CGROUP_PARENT`), the backend refuses to start (UnboundedProcessTree) unless
+`allow_unbounded_process_tree` is set; then it warns once and bounds each process alone (rlimits).
 """
 
 from __future__ import annotations
 
-import base64
 import json
 import logging
 import math
 import os
-import secrets
 import subprocess
 import sys
 import tempfile
@@ -65,90 +38,62 @@ import time
 from pathlib import Path
 from typing import Any
 
-from evaluators.sandbox.base import DATA_ENV, BackendRefused, SandboxLimits, SandboxResult, tmpfs_mb
+from evaluators.sandbox import bwrap, syscalls, view
+from evaluators.sandbox.base import DATA_ENV, BackendRefused, InfrastructureError, SandboxLimits, SandboxResult, tmpfs_mb
 from evaluators.sandbox.cgroups import Layout, RunCgroup, available, cpu_quota_missing
-from evaluators.sandbox.isolation import EXTRA_TASKS
-from evaluators.sandbox.reaping import (
-    MARKER_VAR,
-    acquire_run_uid,
-    candidate_sys_path,
-    keyctl_number,
-    kill_group,
-    kill_marked,
-    kill_uid,
-    nproc_limit,
-    release_run_uid,
-    remove_owned,
-    remove_tree,
-    wait_unreaped,
-)
+from evaluators.sandbox.reaping import acquire_run_uid, candidate_sys_path, kill_group, release_run_uid, remove_tree, wait_unreaped
 from evaluators.sandbox.run_outputs import failure_reason, read_logs, read_output
+from evaluators.sandbox.supervisor import Channel, Listener, SetupFailed
 
 HARNESS = Path(__file__).with_name("harness.py")
+LAUNCHER = Path(__file__).with_name("confine.py")
 ALLOW_ENV = "DISCOVER_ALLOW_UNBOUNDED_PROCESS_TREE"  # "1": the config switch, for processes that read no config
-EXIT_NO_CGROUP = 5  # harness.py: it could not join the run's cgroup (the candidate never ran)
-EXIT_NO_ISOLATION = 6  # harness.py: it could not isolate the candidate (ISOLATION_FAILED says why)
-ISOLATION_FAILED = "isolation-failed"
+ISOLATIONS = ("standard", "gvisor", "none")  # sandbox.isolation (docs/sandbox.md)
+EXTRA_TASKS = 3  # bubblewrap's own processes (the monitor, the namespace's init) and the shell that joins the cgroup
+SETUP_TIMEOUT_S = 120.0  # for the sandbox to be set up, before the candidate's own clock starts
+STATUS_FD, OUTPUT_FD = 3, 4  # the launcher's channel and the return value, inside the sandbox
+UNISOLATED_NOTE = (
+    "[sandbox] this candidate ran WITHOUT isolation (sandbox.isolation: none): no namespaces, no seccomp, the host's whole file system"
+)
+# Joins the run's cgroup (every hierarchy: the arguments before "--"), then becomes the sandbox
+JOIN_CGROUP = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"'
 log = logging.getLogger(__name__)
 _warned = threading.Event()
 _warned_cpu = threading.Event()
-_warned_isolation = threading.Event()
-_isolation_lock = threading.Lock()
-_isolation: tuple[dict[str, Any], dict[str, str]] | None = None
-
-
-def isolation() -> tuple[dict[str, Any], dict[str, str]]:
-    """(what every run's isolation spec shares, {mechanism: why it is missing here}), found once per
-    process: namespaces (root only), Landlock and seccomp are each tried on a child that exits at
-    once (isolation.probe, in a fresh process). The shared part: "namespaces" (bool), "seccomp" (the
-    filter's BPF, base64, or None), "landlock" (bool), "python_tools" (isolation.python_tools)."""
-    global _isolation
-    with _isolation_lock:
-        if _isolation is None:
-            _isolation = _find_isolation()
-        return _isolation
-
-
-def _find_isolation() -> tuple[dict[str, Any], dict[str, str]]:
-    from evaluators.sandbox import isolation as iso
-
-    missing: dict[str, str] = {}
-    try:
-        bpf: str | None = base64.b64encode(iso.seccomp_filter()).decode()
-    except (ImportError, OSError, RuntimeError, ValueError) as err:  # no libseccomp.so.2 for pyseccomp to load
-        bpf, missing["seccomp"] = None, f"the seccomp filter cannot be built ({err}): install libseccomp2 (libseccomp.so.2)"
-    root = os.geteuid() == 0
-    if not root:
-        missing["namespaces"] = "not root: namespaces and mounts need CAP_SYS_ADMIN"
-    trial = {
-        "namespaces": root,
-        "tmpfs_mb": 16,
-        "binds": [],
-        "user": {"uid": 65534, "gid": 65534, "home": "/"},
-        "exec": iso.python_tools(),
-        "seccomp": bpf,
-    }
-    try:
-        out = subprocess.run(
-            [sys.executable, "-I", "-S", iso.__file__, json.dumps(trial)], capture_output=True, text=True, timeout=60, check=True
-        ).stdout
-        found = json.loads(out)
-    except (OSError, subprocess.SubprocessError, ValueError) as err:
-        found = {name: f"the probe failed: {err}" for name in ("namespaces", "landlock", "seccomp")}
-    for name, why in found.items():
-        missing.setdefault(name, why)  # the reasons found above stay
-    shared = {
-        "namespaces": "namespaces" not in missing,
-        "seccomp": bpf if "seccomp" not in missing else None,
-        "landlock": "landlock" not in missing,
-        "python_tools": trial["exec"],  # what a Python run may execute besides its own files
-    }
-    return shared, missing
+_warned_none = threading.Event()
+_problems: dict[str, str] = {}
+_problems_lock = threading.Lock()
 
 
 class UnboundedProcessTree(BackendRefused):
     """The process backend cannot bound a candidate's process tree here and was not allowed to run
     without that bound (sandbox.allow_unbounded_process_tree)."""
+
+
+class IsolationUnavailable(BackendRefused):
+    """The process backend cannot isolate candidates here (no bubblewrap, no runsc, a kernel that
+    refuses); the message names what failed and the fix."""
+
+
+def isolation_problem(isolation: str) -> str:
+    """Why `isolation` cannot run candidates here ("" when it can), found once per process."""
+    if isolation not in ISOLATIONS:
+        return f"unknown sandbox isolation {isolation!r}; choose one of {', '.join(ISOLATIONS)}"
+    if isolation == "none":
+        return ""
+    if isolation == "gvisor":
+        return "gVisor runs candidates in Docker containers here (runsc as Docker's runtime): use sandbox.backend: docker"
+    with _problems_lock:
+        if isolation not in _problems:
+            _problems[isolation] = bwrap.problem()
+        return _problems[isolation]
+
+
+def isolation_message(isolation: str, why: str) -> str:
+    return (
+        f"the process sandbox cannot isolate candidates here: {why}; "
+        "or use sandbox.backend: docker, or (trusted programs only) sandbox.isolation: none"
+    )
 
 
 def tree_bound() -> tuple[Layout | None, str]:
@@ -185,21 +130,51 @@ def allow_from_env() -> bool:
     return os.environ.get(ALLOW_ENV, "") == "1"
 
 
-class ProcessSandbox:
-    """Runs untrusted Python in a subprocess with rlimits, a cgroup around its whole process tree
-    where the machine allows one, and a kill of everything it started at the end.
+def rlimits(limits: SandboxLimits) -> dict[str, list[int]]:
+    """The resource limits of a Python run (set by the launcher before any candidate code runs)."""
+    mb = 1024 * 1024
+    # CPU seconds add up over threads, so allow timeout x cpus; this mainly stops a process that
+    # spins beyond its tree's cgroup quota.
+    cpu = math.ceil(limits.timeout_s * max(1, limits.cpus)) + 5
+    out = {
+        "RLIMIT_CPU": [cpu, cpu + 1],
+        "RLIMIT_FSIZE": [int(limits.max_file_mb) * mb] * 2,
+        "RLIMIT_CORE": [0, 0],
+        "RLIMIT_MSGQUEUE": [0, 0],  # no POSIX message queues
+        "RLIMIT_NPROC": [int(limits.max_processes)] * 2,
+    }
+    if limits.limit_address_space:  # off for CUDA programs (SandboxLimits.limit_address_space)
+        out["RLIMIT_AS"] = [int(limits.memory_mb) * mb] * 2
+    return out
 
-    `allow_unbounded_process_tree` (default: the environment variable DISCOVER_ALLOW_UNBOUNDED_PROCESS_TREE
-    is "1") lets it run where no cgroup can be made, with rlimits alone; otherwise it refuses
-    (`UnboundedProcessTree`) when it is made.
+
+class ProcessSandbox:
+    """Runs untrusted Python in a bubblewrap sandbox on this machine (module docstring).
+
+    `image`: the problem's evaluator image (view.PACKAGES: what its candidates may import).
+    `isolation`: "standard" (bubblewrap and seccomp) or "none" (trusted code only: rlimits and the
+    cgroup, nothing else); "gvisor" is the docker backend's (DockerSandbox). It refuses, when made, to
+    run where the isolation asked for cannot be set up (IsolationUnavailable) or no cgroup can be
+    made (UnboundedProcessTree, unless `allow_unbounded_process_tree`, default: the environment
+    variable DISCOVER_ALLOW_UNBOUNDED_PROCESS_TREE is "1").
     """
 
     name = "process"
 
-    def __init__(self, allow_unbounded_process_tree: bool | None = None):
+    def __init__(self, allow_unbounded_process_tree: bool | None = None, isolation: str = "standard", image: str = "python-math"):
+        if image not in view.PACKAGES:
+            raise ValueError(f"unknown image {image!r} for the process sandbox; known: {', '.join(view.PACKAGES)}")
+        self.seccomp_mode = "notify"  # "learn": every call let through and written down (learn_profiles.py)
+        # {profile: {call: count}}: the calls the filters refused (learn mode: every call made)
+        self.calls_seen: dict[str, dict[str, int]] = {}
+        self.image = image  # whose packages a Python run may import (view.PACKAGES) and its seccomp profile
         if allow_unbounded_process_tree is None:
             allow_unbounded_process_tree = allow_from_env()
         self.allow_unbounded_process_tree = bool(allow_unbounded_process_tree)
+        self.isolation = isolation
+        why = isolation_problem(isolation)
+        if why:
+            raise IsolationUnavailable(isolation_message(isolation, why))
         self.layout = check_tree_bound(self.allow_unbounded_process_tree)
         # "" when every run (and every case of a compiled program) gets a CPU quota, else why not
         self.cpu_quota_missing = cpu_quota_missing(self.layout) if self.layout is not None else "there is no cgroup"
@@ -209,14 +184,9 @@ class ProcessSandbox:
                 "process sandbox: %s: a candidate spinning on every core can slow evaluations running beside it",
                 self.cpu_quota_missing,
             )
-        # {mechanism: why not} for namespaces, landlock and seccomp: what runs here go without
-        self.isolation, self.isolation_missing = isolation()
-        if self.isolation_missing and not _warned_isolation.is_set():
-            _warned_isolation.set()
-            log.warning(
-                "process sandbox: candidates run without %s (docs/sandbox.md, Process, says what that leaves open)",
-                "; ".join(f"{name}: {why}" for name, why in sorted(self.isolation_missing.items())),
-            )
+        if isolation == "none" and not _warned_none.is_set():
+            _warned_none.set()
+            log.warning("process sandbox: candidates run WITHOUT isolation (sandbox.isolation: none): trusted programs only")
 
     def run(
         self,
@@ -230,170 +200,205 @@ class ProcessSandbox:
         start = time.monotonic()
         if data_dir is not None and not Path(data_dir).is_dir():
             raise FileNotFoundError(f"the sandbox's data directory {data_dir} does not exist")
-        workdir = tempfile.mkdtemp(prefix="discover-sandbox-")
+        workdir = Path(tempfile.mkdtemp(prefix="discover-sandbox-"))
+        uid = acquire_run_uid() if self.isolation != "none" else None
         try:
-            result = self._run_in(Path(workdir), program, entry, argument, limits, data_dir, device)
+            result = self._run_in(workdir, uid, program, entry, argument, limits, data_dir, device)
         finally:
-            remove_tree(workdir)
+            remove_tree(str(workdir))
+            if uid is not None:
+                release_run_uid(uid)
         return SandboxResult(
             ok=result.ok,
             output=result.output,
             reason=result.reason,
             logs=result.logs,
             duration_s=time.monotonic() - start,
+            denied=result.denied,
         )
 
     def run_native(self, source: str, cases, limits, on_case=None):
         """Compile a C++ program once and run it on each case (evaluators/sandbox/native.py)."""
         from evaluators.sandbox.native import LocalSession, run_program
 
-        isolation = self.isolation if (self.isolation["namespaces"] or self.isolation["landlock"] or self.isolation["seccomp"]) else None
-        return run_program(lambda slot: LocalSession(slot, limits, self.layout, isolation), source, cases, limits, on_case)
+        learn = self.seccomp_mode == "learn"
+        return run_program(
+            lambda slot: LocalSession(slot, limits, self.layout, self.isolation, self.calls_seen, learn), source, cases, limits, on_case
+        )
+
+    # -- one run -------------------------------------------------------------------------------
+
+    @property
+    def profile(self) -> str:
+        """The seccomp profile of this image's Python runs (evaluators/sandbox/syscalls.py)."""
+        return "gpu" if self.image == "gpu" else "python"
+
+    def _confine(self, limits: SandboxLimits, uid: int | None, cwd: str) -> dict[str, Any]:
+        """The launcher's spec (confine.py): uid, resource limits, seccomp filter."""
+        spec: dict[str, Any] = {"uid": uid, "gid": uid, "rlimits": rlimits(limits), "chdir": cwd}
+        if self.isolation == "none":
+            spec["require_seccomp"] = False
+            return spec
+        mode = self.seccomp_mode
+        return {**spec, "seccomp": _b64(syscalls.bpf(self.profile, mode)), "listener": True}
 
     def _run_in(
         self,
         workdir: Path,
+        uid: int | None,
         program: str,
         entry: str,
         argument: Any,
         limits: SandboxLimits,
         data_dir: Path | None,
-        device: str | None = None,
+        device: str | None,
     ) -> SandboxResult:
-        (workdir / "candidate.py").write_text(program, encoding="utf-8")
-        (workdir / "input.json").write_text(json.dumps(argument, allow_nan=True), encoding="utf-8")
-        job = {
-            "entry": entry,
-            "memory_mb": int(limits.memory_mb),
-            # CPU seconds add up over threads, so allow timeout x cpus; this mainly stops
-            # processes that escaped the group from spinning forever.
-            "cpu_s": math.ceil(limits.timeout_s * max(1, limits.cpus)) + 5,
-            "fsize_mb": int(limits.max_file_mb),
-            "nproc": nproc_limit(limits.max_processes),
-            "address_space": bool(limits.limit_address_space),
-            # the interpreter's import path without the project's own source (python -S: no .pth)
-            "sys_path": candidate_sys_path(),
-        }
-        uid = acquire_run_uid()
+        work = workdir / "work"
+        work.mkdir(mode=0o700)
+        if uid is not None:
+            os.chown(work, uid, uid)
+        files = {"candidate.py": program, "input.json": json.dumps(argument, allow_nan=True)}
+        data = str(Path(data_dir).resolve()) if data_dir is not None else None
+        the_view = None
+        if self.isolation == "none":  # no view: the files on the host, the host's import path
+            box, cwd, sys_path, data_path = workdir / "box", str(work), candidate_sys_path(), data
+        else:
+            the_view, sites = view.python_view(
+                self.image,
+                tmpfs_mb(limits),
+                uid or os.getuid(),
+                uid or os.getgid(),
+                str(work),
+                data,
+                view.nvidia_devices(device) if self.image == "gpu" and device != "cpu" else (),
+            )
+            box, cwd, sys_path, data_path = Path(view.BOX), view.WORK, [*view.stdlib_path(), *sites], view.DATA
+        files["job.json"] = json.dumps({"entry": entry, "sys_path": sys_path, "confine": self._confine(limits, uid, cwd)})
+        if the_view is None:
+            box.mkdir(mode=0o755)
+            for name, text in {**files, "harness.py": HARNESS.read_text(), "confine.py": LAUNCHER.read_text()}.items():
+                (box / name).write_text(text, encoding="utf-8")
+        else:
+            for name, text in files.items():
+                the_view.file(f"{view.BOX}/{name}", text)
+            the_view.bind(str(HARNESS), f"{view.BOX}/harness.py")
+            the_view.bind(str(LAUNCHER), f"{view.BOX}/confine.py")
+        env = _clean_env(cwd, limits, data_path, device, "/tmp" if the_view is not None else cwd)
+        channel = Channel()
         group = None
+        fds: list[int] = []
         try:
-            if self.layout is not None:
-                # the candidate's tasks, and the waiter and init of its PID namespace (isolation.py)
-                tasks = limits.max_processes + (EXTRA_TASKS if self.isolation["namespaces"] else 0)
-                group = RunCgroup(self.layout, limits.memory_mb, tasks, cpus=max(1, limits.cpus))
-                job["cgroup_procs"] = group.procs_files  # the harness joins it before dropping to `uid`
-            if uid is not None:
-                job["uid"] = job["gid"] = uid
-                job["keyctl"] = keyctl_number()  # a session keyring of its own (harness.py)
-                for path in (workdir, *workdir.iterdir()):
-                    os.chown(path, uid, uid)
-            job["isolation"] = self._isolation_spec(workdir, limits, uid, data_dir)
-            (workdir / "job.json").write_text(json.dumps(job), encoding="utf-8")
-            return self._spawn(workdir, limits, uid, data_dir, device, group)
+            with (
+                open(workdir / "stdout.txt", "w+b") as out,
+                open(workdir / "stderr.txt", "w+b") as err,
+                open(workdir / "output.json", "wb") as value,
+            ):
+                inner = [os.path.realpath(sys.executable), "-S", "-s", "-B", "-P", str(box / "harness.py"), str(box / "job.json")]
+                inner += [str(channel.child_fd), str(value.fileno())]
+                if self.isolation == "standard":
+                    prefix, fds = bwrap.command(the_view, "/")
+                    argv = prefix + inner
+                else:
+                    argv = inner
+                if self.layout is not None:
+                    group = RunCgroup(self.layout, limits.memory_mb, limits.max_processes + EXTRA_TASKS, cpus=max(1, limits.cpus))
+                    argv = ["/bin/sh", "-c", JOIN_CGROUP, "sh", *group.procs_files, "--", *argv]
+                try:
+                    proc = subprocess.Popen(
+                        argv,
+                        cwd=cwd if the_view is None else "/",
+                        env=env,
+                        stdin=subprocess.DEVNULL,
+                        stdout=out,
+                        stderr=err,
+                        start_new_session=True,  # own session and process group: pgid == pid
+                        close_fds=True,
+                        pass_fds=[*fds, channel.child_fd, value.fileno()],
+                    )
+                except OSError as e:
+                    raise InfrastructureError(f"could not start the sandbox: {e}") from None
+                for fd in fds:
+                    os.close(fd)
+                fds = []
+                result = self._supervise(proc, channel, out, err, workdir / "output.json", limits, group)
         finally:
+            channel.close()
+            for fd in fds:
+                os.close(fd)
             if group is not None:
                 group.remove()
-            if uid is not None:
-                kill_uid(uid)
-                remove_owned(uid)  # its files in /tmp, /var/tmp, /run/lock, /dev/shm; its IPC objects
-                release_run_uid(uid)
+        if self.isolation == "none":
+            result = SandboxResult(ok=result.ok, output=result.output, reason=result.reason, logs=UNISOLATED_NOTE + "\n" + result.logs)
+        return result
 
-    def _isolation_spec(self, workdir: Path, limits: SandboxLimits, uid: int | None, data_dir: Path | None) -> dict[str, Any] | None:
-        """What harness.py's isolation does for this run (evaluators/sandbox/isolation.py)."""
-        from evaluators.sandbox import isolation as iso
-
-        shared = self.isolation
-        if not (shared["namespaces"] or shared["landlock"] or shared["seccomp"]):
-            return None
-        binds = [[str(workdir), True]] + ([[str(Path(data_dir).resolve()), False]] if data_dir is not None else [])
-        if shared["namespaces"]:  # the interpreter and its import path, should they live under /tmp
-            interpreter = [os.path.dirname(os.path.realpath(sys.executable)), sys.prefix, sys.base_prefix]
-            binds += [[path, False] for path in iso.hidden_by_scratch([*candidate_sys_path(), *interpreter])]
-        private = [str(workdir), *iso.SCRATCH] if shared["namespaces"] else [str(workdir)]
-        return {
-            "namespaces": shared["namespaces"],
-            "tmpfs_mb": tmpfs_mb(limits),
-            "binds": binds,
-            "user": {"uid": uid, "gid": uid, "home": str(workdir)} if uid is not None else None,
-            "exec": shared["python_tools"] + private if shared["landlock"] else None,
-            "seccomp": shared["seccomp"],
-        }
-
-    def _spawn(
-        self,
-        workdir: Path,
-        limits: SandboxLimits,
-        uid: int | None,
-        data_dir: Path | None,
-        device: str | None = None,
-        group: RunCgroup | None = None,
+    def _supervise(
+        self, proc: subprocess.Popen, channel: Channel, out, err, output_path: Path, limits: SandboxLimits, group: RunCgroup | None
     ) -> SandboxResult:
-        token = secrets.token_hex(16)
+        """Wait for the launcher's report, answer the candidate's denied calls while it runs, then
+        kill what is left and read what it returned."""
         cap = int(limits.max_output_bytes)
-
-        with open(workdir / "stdout.txt", "w+b") as out, open(workdir / "stderr.txt", "w+b") as err:
-            # Not `-I`: it implies -E, which would drop PYTHONHASHSEED. -S: no site module, so no
-            # .pth file (an editable install's) puts the project on the path; the harness sets
-            # sys.path from the job (site-packages kept: numpy, scipy). -s -B -P plus a clean
-            # environment do the rest.
-            cmd = [sys.executable, "-S", "-s", "-B", "-P", str(HARNESS), "job.json"]
+        stop = threading.Event()
+        server = None
+        listener = None
+        try:
             try:
-                proc = subprocess.Popen(
-                    cmd,
-                    cwd=workdir,
-                    env=_clean_env(workdir, limits, token, data_dir, device),
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=err,
-                    start_new_session=True,  # own session and process group: pgid == pid
-                    close_fds=True,
-                )
-            except OSError as e:
-                return SandboxResult(ok=False, reason=f"could not start the sandbox: {e}")
+                _, fd = channel.wait_ready(SETUP_TIMEOUT_S)
+            except SetupFailed as failed:
+                kill_group(proc.pid)
+                if group is not None:
+                    group.kill()
+                proc.wait()
+                _, last = read_logs(out, err, cap)
+                raise InfrastructureError(
+                    f"the process sandbox could not set up the candidate's sandbox: {failed}" + (f" ({last})" if last else "")
+                ) from None
+            if fd is not None:
+                listener = Listener(fd, learn=self.seccomp_mode == "learn")
+                server = threading.Thread(target=listener.serve, args=(stop,), daemon=True, name="seccomp-listener")
+                server.start()
             timed_out = not wait_unreaped(proc.pid, limits.timeout_s)
-            # Kill the whole group while the (unreaped) leader still pins its pgid, which also
-            # removes background children left behind after a normal exit.
+            # the whole group while the (unreaped) leader still pins its pgid, then the cgroup
             kill_group(proc.pid)
             if group is not None:
-                group.kill()  # the whole tree, wherever its processes went
-            if uid is not None:
-                kill_uid(uid)  # everything the run started, wherever it went
-            else:
-                kill_marked(token)
+                group.kill()
             returncode = proc.wait()
-            logs, last_err_line = read_logs(out, err, cap)
-
+        finally:
+            stop.set()
+            if server is not None:
+                server.join()
+            if listener is not None:
+                listener.close()
+        counts = listener.counts() if listener is not None else {}
+        seen = self.calls_seen.setdefault(self.profile, {})
+        for key, n in counts.items():
+            seen[syscalls.name(*key)] = seen.get(syscalls.name(*key), 0) + n
+        if self.seccomp_mode == "learn":
+            counts = {}
+        denied = syscalls.describe(counts, self.profile)
+        logs, last_err_line = read_logs(out, err, cap)
+        if denied:
+            logs = f"[sandbox] {denied}\n" + logs
         if timed_out:
-            return SandboxResult(ok=False, reason=f"timeout after {limits.timeout_s:g} s", logs=logs)
+            return SandboxResult(ok=False, reason=_with(f"timeout after {limits.timeout_s:g} s", denied), logs=logs, denied=denied)
         if group is not None and group.oom_kills():  # whoever was killed, the tree went over
-            return SandboxResult(
-                ok=False,
-                logs=logs,
-                reason=f"memory limit ({limits.memory_mb} MB) exceeded by the process tree: the out-of-memory killer fired",
-            )
-        if returncode == EXIT_NO_ISOLATION:
-            why = _isolation_failure(workdir)
-            if why is not None:  # written by root before any candidate code ran: ours to fix
-                raise RuntimeError(f"the process sandbox could not isolate the candidate: {why}")
-        if returncode == EXIT_NO_CGROUP and group is not None and not group.cpu_s():
-            # nothing ever ran in the group (a candidate that exits with 5 itself did): ours to fix
-            raise RuntimeError(f"the process sandbox could not move the candidate into its cgroup: {last_err_line}")
+            reason = f"memory limit ({limits.memory_mb} MB) exceeded by the process tree: the out-of-memory killer fired"
+            return SandboxResult(ok=False, logs=logs, reason=_with(reason, denied), denied=denied)
         if returncode == 0:
-            output, reason = read_output(workdir / "output.json", cap)
-            return SandboxResult(ok=not reason, output=output, reason=reason, logs=logs)
-        return SandboxResult(ok=False, reason=failure_reason(returncode, last_err_line, limits), logs=logs)
+            output, reason = read_output(output_path, cap)
+            return SandboxResult(ok=not reason, output=output, reason=_with(reason, denied) if reason else "", logs=logs, denied=denied)
+        if returncode > 128 and self.isolation != "none":  # bubblewrap exits with 128 + the signal that killed the candidate
+            returncode = 128 - returncode
+        return SandboxResult(ok=False, reason=_with(failure_reason(returncode, last_err_line, limits), denied), logs=logs, denied=denied)
 
 
-def _isolation_failure(workdir: Path) -> str | None:
-    """Why harness.py could not isolate the run, when root wrote it (a candidate, another uid, cannot
-    forge a root-owned file); None otherwise (then an exit status 6 is the candidate's own)."""
-    path = workdir / ISOLATION_FAILED
-    try:
-        if os.geteuid() != 0 or path.lstat().st_uid != 0:
-            return None
-        return path.read_text(encoding="utf-8", errors="replace")[:500]
-    except OSError:
-        return None
+def _with(reason: str, denied: str) -> str:
+    return f"{reason}; {denied}" if denied else reason
+
+
+def _b64(data: bytes) -> str:
+    import base64
+
+    return base64.b64encode(data).decode()
 
 
 def _thread_env(limits: SandboxLimits) -> dict[str, str]:
@@ -403,26 +408,22 @@ def _thread_env(limits: SandboxLimits) -> dict[str, str]:
     return {name: n for name in names}
 
 
-def _clean_env(workdir: Path, limits: SandboxLimits, token: str, data_dir: Path | None = None, device: str | None = None) -> dict[str, str]:
-    """Nothing inherited from the parent environment (no API keys, no tokens).
-
-    The process backend cannot mount: a data directory is shown by its absolute path and must be
-    readable by the run's uid (the problem keeps it world-readable and keeps nothing secret in it).
-    A `device` shows the run that GPU alone ("cpu": none) through CUDA_VISIBLE_DEVICES.
-    """
-    data = {DATA_ENV: str(Path(data_dir).resolve())} if data_dir is not None else {}
+def _clean_env(home: str, limits: SandboxLimits, data_path: str | None, device: str | None, tmpdir: str) -> dict[str, str]:
+    """Nothing inherited from the parent environment (no API keys, no tokens). `data_path` is where
+    the run finds its data directory (DISCOVER_DATA); a `device` shows the run that GPU alone
+    ("cpu": none) through CUDA_VISIBLE_DEVICES."""
+    data = {DATA_ENV: data_path} if data_path is not None else {}
     if device is not None:
         data["CUDA_VISIBLE_DEVICES"] = "" if device == "cpu" else str(device)
     return {
         **data,
-        "PATH": "/usr/local/bin:/usr/bin:/bin",
-        "HOME": str(workdir),
-        "TMPDIR": str(workdir),
+        "PATH": view.SYSTEM_PATH,
+        "HOME": home,
+        "TMPDIR": tmpdir,
         "LANG": "C.UTF-8",
         "LC_ALL": "C.UTF-8",
         "PYTHONHASHSEED": "0",
         "PYTHONDONTWRITEBYTECODE": "1",
         "PYTHONNOUSERSITE": "1",
-        MARKER_VAR: token,
         **_thread_env(limits),
     }

@@ -16,11 +16,11 @@ One evaluation:
    likelihood and calibration rules, the MAGIC seed's count-scale figure and calibration power, are
    computed here once per split (step 1).
 
-The test half lives only in this process's memory. Under the docker backend the candidate runs in
-a container that sees only the data directory. The process backend cannot hide what is
-world-readable, scanpy's own copy of the offline default dataset included (from which the held-out
-counts follow), so the problem refuses it (`ProcessBackendRefused`, and in a run's pre-flight)
-unless `allow_process_backend` is set, for trusted programs only.
+The test half lives only in this process's memory. Under either backend the candidate sees the
+data directory and the bio packages, nothing else of the host: Docker's bio image deletes the
+datasets scanpy ships (pbmc68k_reduced, from which the offline default's held-out counts follow),
+and the process sandbox shows them empty (evaluators/sandbox/view.py, HIDDEN_SUFFIXES). Only
+`sandbox.isolation: none` shows the host's files, for trusted programs; a warning says so.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from evaluators.bio.denoising.sources import CANDIDATE_ENTRY, CANDIDATE_RANDOM_S
 from evaluators.bio.denoising.split import DEFAULT_SEED, Split, split_molecules
 from evaluators.bio.denoising.text import describe
 from evaluators.parsing import last_fenced_block, normalize_code
-from evaluators.sandbox.base import BackendRefused, SandboxLimits
+from evaluators.sandbox.base import SandboxLimits
 
 # App. E: "the memory limit is increased to 3GB ... we reduce the time limits for the execution to
 # 400 seconds"; 1 CPU as the released launcher's num_cpus_per_task=1.
@@ -56,22 +56,7 @@ PAPER_LIMITS = {"timeout_s": 400.0, "memory_mb": 3072, "cpus": 1}
 DRIVER_ENTRY = "denoise"  # driver.py's function the sandbox calls
 DRIVER = Path(__file__).with_name("driver.py").read_text(encoding="utf-8")
 TRAIN_FILE = "train.npy"
-ALLOW_PROCESS_OPTION = "problem_options.allow_process_backend"  # the opt-in the refusal names
-_process_warned = False
-
-
-class ProcessBackendRefused(BackendRefused):
-    """Denoising was asked to run a candidate in the process sandbox without `allow_process_backend`."""
-
-
-def process_refusal(data: str) -> str:
-    """The one line that says why denoising refuses the process sandbox and how to go on."""
-    where = "scanpy's own copy of pbmc68k_reduced" if data == OFFLINE_DEFAULT else f"the dataset file {data} if others may read it"
-    return (
-        f"denoising refuses the process sandbox: a candidate there can read {where} and recover the held-out counts; "
-        f"use sandbox.backend: docker (build the image: make images), or set {ALLOW_PROCESS_OPTION}: true "
-        "for trusted programs only"
-    )
+_unisolated_warned = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,7 +123,7 @@ class DenoisingProblem(BaseProblem):
         layer: str = "X",
         keep_obs: dict[str, list[Any]] | None = None,
         split_seed: int = DEFAULT_SEED,
-        allow_process_backend: bool = False,
+        allow_process_backend: bool | None = None,
         timeout_s: float = PAPER_LIMITS["timeout_s"],
         memory_mb: int = PAPER_LIMITS["memory_mb"],
         cpus: int = PAPER_LIMITS["cpus"],
@@ -149,7 +134,13 @@ class DenoisingProblem(BaseProblem):
         self.data = data
         self.limits = SandboxLimits(timeout_s=timeout_s, memory_mb=memory_mb, cpus=cpus)
         self.split_seed = split_seed
-        self.allow_process_backend = bool(allow_process_backend)  # docs/method.md §5d: the process sandbox shows the data
+        if allow_process_backend is not None:  # an option of earlier versions: the process sandbox now hides the data
+            warnings.warn(
+                "problem_options.allow_process_backend is no longer needed and is ignored: the process sandbox shows "
+                "candidates the data directory only (docs/sandbox.md); remove it from the configuration",
+                DeprecationWarning,
+                stacklevel=2,
+            )
         self._dataset = _Dataset(data, layer, keep_obs, split_seed)
 
     @property
@@ -174,8 +165,6 @@ class DenoisingProblem(BaseProblem):
 
     def evaluate(self, candidate: str, parent: ParentView | None, sandbox: Any) -> EvalResult:
         """Run the candidate on the train half in `sandbox`; score its output here (docs/method.md §5d)."""
-        if getattr(sandbox, "name", "") == "process" and not self.allow_process_backend:
-            raise ProcessBackendRefused(process_refusal(self.data))
         prepared = self.prepared()
         self._warn_if_unisolated(sandbox)
         job = {"candidate": candidate, "entry": CANDIDATE_ENTRY, "random_state": CANDIDATE_RANDOM_STATE, "train": TRAIN_FILE}
@@ -256,30 +245,18 @@ class DenoisingProblem(BaseProblem):
             max_file_mb=max(self.limits.max_file_mb, -(-value_bytes // 2**20) + 1),
         )
 
-    def preflight(self, sandbox_backend: str) -> list[str]:
-        """The process backend is refused unless allowed (it shows the data to the candidate); 'auto'
-        too where it would fall back to it (no Docker, or no `bio` image)."""
-        if self.allow_process_backend or sandbox_backend not in ("process", "auto"):
-            return []
-        if sandbox_backend == "auto":
-            from evaluators.sandbox import docker_unavailable
-
-            if not docker_unavailable(self.image):
-                return []  # auto picks docker
-        return [process_refusal(self.data)]
-
     def _warn_if_unisolated(self, sandbox: Any) -> None:
-        global _process_warned
-        if getattr(sandbox, "name", "") == "process" and not _process_warned:
-            _process_warned = True
+        global _unisolated_warned
+        if getattr(sandbox, "isolation", "") == "none" and not _unisolated_warned:
+            _unisolated_warned = True
             warnings.warn(
-                "denoising under the process sandbox: a candidate can read every world-readable file, "
+                "denoising under sandbox.isolation none: a candidate can read every file of the host, "
                 + (
                     "including scanpy's copy of pbmc68k_reduced, from which the held-out counts follow; "
                     if self.data == OFFLINE_DEFAULT
                     else "and the dataset file if it is readable by others; "
                 )
-                + "use the docker backend (images/bio) to train untrusted models",
+                + "never train untrusted models so",
                 RuntimeWarning,
                 stacklevel=2,
             )

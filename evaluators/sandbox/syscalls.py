@@ -1,0 +1,139 @@
+"""The system calls each kind of candidate may make: seccomp allow-lists, default deny.
+
+One profile per kind of sandboxed process (`PROFILES`):
+- "python": a Python run of the math and single-cell problems (NumPy, SciPy, scanpy and friends);
+- "gpu": a Python run of a GPU problem (TriMul: PyTorch, Triton, torch.compile, which also runs
+  the C compiler and assembler under the same filter);
+- "compiler": the C++ compiler of a compiled program (g++, cc1plus, as, ld);
+- "program": one case of a compiled program (AtCoder C++).
+Each list is what the honest seeds and the published programs of the domains that use it were
+seen to call, derived by `python -m evaluators.sandbox.learn_profiles` (which runs them in the
+sandbox with a filter that lets every call through and writes each one down), plus LAUNCHER (what
+confine.py calls after its filter is on). A few calls are allowed only with some arguments
+(`_conditions`): clone without namespace flags, socket of the local and internet families only
+(the network namespace has a loopback and nothing else), personality as a query only; clone3 answers
+ENOSYS (its flags are in memory, out of a filter's sight; the C library then falls back to clone).
+
+Everything else is denied: with a listener (bubblewrap) the host answers EPERM and names the call in
+the verdict (evaluators/sandbox/supervisor.py); without one (gVisor, Docker) the kernel answers EPERM
+by itself. A system call of another architecture (32-bit calls on a 64-bit kernel) kills the process.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import tempfile
+
+from evaluators.sandbox.syscall_lists import COMPILER, GPU_EXTRA, LAUNCHER, PROGRAM, PYTHON
+
+PROFILES: dict[str, frozenset[str]] = {
+    "python": frozenset(PYTHON) | frozenset(LAUNCHER),
+    "gpu": frozenset(PYTHON) | frozenset(GPU_EXTRA) | frozenset(COMPILER) | frozenset(LAUNCHER),
+    "compiler": frozenset(COMPILER) | frozenset(LAUNCHER),
+    "program": frozenset(PROGRAM) | frozenset(LAUNCHER),
+}
+MODES = ("notify", "errno", "learn")  # denied calls go to the host / fail with EPERM / all are let through and written down
+CONDITIONAL = ("clone", "clone3", "socket", "personality")  # allowed with some arguments only (_conditions)
+NAMESPACE_FLAGS = 0x00020000 | 0x04000000 | 0x08000000 | 0x20000000 | 0x40000000 | 0x10000000 | 0x02000000 | 0x00000080
+SOCKET_FAMILIES = (1, 2, 10)  # AF_UNIX, AF_INET, AF_INET6
+PERSONALITY_QUERY = 0xFFFFFFFF
+
+
+def _conditions(seccomp, f, allow: int) -> None:
+    """The calls allowed only with some arguments (module docstring)."""
+    f.add_rule(allow, "clone", seccomp.Arg(0, seccomp.MASKED_EQ, NAMESPACE_FLAGS, 0))
+    f.add_rule(seccomp.ERRNO(errno.ENOSYS), "clone3")
+    for family in SOCKET_FAMILIES:
+        f.add_rule(allow, "socket", seccomp.Arg(0, seccomp.EQ, family))
+    f.add_rule(allow, "personality", seccomp.Arg(0, seccomp.EQ, PERSONALITY_QUERY))
+
+
+@functools.cache
+def bpf(kind: str, mode: str = "notify") -> bytes:
+    """The filter of profile `kind` as raw BPF (8 bytes an instruction), built by libseccomp.
+
+    mode "notify": a call outside the profile goes to the listener (the host answers EPERM);
+    "errno": it fails with EPERM; "learn": every call but LAUNCHER's goes to the listener, which
+    lets it run (learn_profiles.py)."""
+    import pyseccomp as seccomp
+
+    if kind not in PROFILES:
+        raise ValueError(f"unknown seccomp profile {kind!r}; the profiles are {', '.join(PROFILES)}")
+    if mode not in MODES:
+        raise ValueError(f"unknown seccomp mode {mode!r}; choose one of {', '.join(MODES)}")
+    default = seccomp.ERRNO(errno.EPERM) if mode == "errno" else seccomp.NOTIFY
+    f = seccomp.SyscallFilter(defaction=default)
+    f.set_attr(seccomp.Attr.ACT_BADARCH, seccomp.KILL_PROCESS)
+    allowed = frozenset(LAUNCHER) if mode == "learn" else PROFILES[kind]
+    for name in sorted(allowed - set(CONDITIONAL)):
+        try:
+            f.add_rule(seccomp.ALLOW, name)
+        except (RuntimeError, ValueError, OSError):
+            continue  # not a system call of this architecture
+    if mode != "learn":
+        _conditions(seccomp, f, seccomp.ALLOW)
+    with tempfile.TemporaryFile() as out:
+        f.export_bpf(out)
+        out.seek(0)
+        return out.read()
+
+
+@functools.lru_cache(maxsize=1024)
+def name(arch: int, nr: int) -> str:
+    """The name of system call `nr` of audit architecture `arch` ("syscall 999" when unknown)."""
+    import pyseccomp as seccomp
+
+    try:
+        resolved = seccomp.resolve_syscall(arch, nr)
+        return resolved.decode() if isinstance(resolved, bytes) else str(resolved)
+    except (RuntimeError, ValueError, OSError):
+        return f"syscall {nr}"
+
+
+def describe(counts: dict[tuple[int, int], int], kind: str) -> str:
+    """One phrase for the verdict: "system calls outside the sandbox's python profile were denied:
+    keyctl (2x), bpf"; "" when none was."""
+    if not counts:
+        return ""
+    named = sorted(((name(arch, nr), n) for (arch, nr), n in counts.items()), key=lambda item: (-item[1], item[0]))
+    listed = ", ".join(f"{call} ({n}x)" if n > 1 else call for call, n in named)
+    return f"system calls outside the sandbox's {kind} profile were denied (EPERM): {listed}"
+
+
+# Docker's names of the architectures (its profile lists the native one only: another's calls are killed)
+DOCKER_ARCH = {"x86_64": "SCMP_ARCH_X86_64", "aarch64": "SCMP_ARCH_AARCH64"}
+
+
+@functools.cache
+def docker_profile(kinds: tuple[str, ...]) -> str:
+    """A Docker seccomp profile (JSON, for `security_opt`): the union of `kinds`' allow-lists and what
+    the container's own init, keeper and runner call (CONTAINER_RUNNER), the same argument
+    conditions, and EPERM for everything else. Docker has no listener: a refused call is not named."""
+    import json
+    import platform
+
+    from evaluators.sandbox.syscall_lists import CONTAINER_RUNNER
+
+    allowed: set[str] = set(CONTAINER_RUNNER)
+    for kind in kinds:
+        allowed |= PROFILES[kind]
+    arch = DOCKER_ARCH.get(platform.machine())
+    rules: list[dict] = [{"names": sorted(allowed - set(CONDITIONAL)), "action": "SCMP_ACT_ALLOW"}]
+    rules.append(
+        {
+            "names": ["clone"],
+            "action": "SCMP_ACT_ALLOW",
+            "args": [{"index": 0, "value": NAMESPACE_FLAGS, "valueTwo": 0, "op": "SCMP_CMP_MASKED_EQ"}],
+        }
+    )
+    rules.append({"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": errno.ENOSYS})
+    for family in SOCKET_FAMILIES:
+        rules.append({"names": ["socket"], "action": "SCMP_ACT_ALLOW", "args": [{"index": 0, "value": family, "op": "SCMP_CMP_EQ"}]})
+    rules.append(
+        {"names": ["personality"], "action": "SCMP_ACT_ALLOW", "args": [{"index": 0, "value": PERSONALITY_QUERY, "op": "SCMP_CMP_EQ"}]}
+    )
+    profile = {"defaultAction": "SCMP_ACT_ERRNO", "defaultErrnoRet": errno.EPERM, "syscalls": rules}
+    if arch is not None:
+        profile["architectures"] = [arch]
+    return json.dumps(profile)
