@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,7 +15,7 @@ def either_backend(backend: str, image: str) -> Iterator:
     """The process sandbox, or a Docker sandbox of `image` (closed afterwards); the test skips with
     the reason when Docker cannot run it. Use inside a fixture: `yield from either_backend(...)`."""
     if backend == "process":
-        yield ProcessSandbox()
+        yield ProcessSandbox(image=image)
         return
     why = docker_unavailable(image)
     if why:
@@ -26,19 +27,35 @@ def either_backend(backend: str, image: str) -> Iterator:
     box.close()
 
 
+def unavailable_outside_ci(image: str, gvisor: bool = False) -> None:
+    """Skip (with the reason) when Docker cannot run `image` here, or gVisor when asked for; in CI
+    (the environment variable CI set), where both are installed, fail instead."""
+    why = docker_unavailable(image)
+    if not why and gvisor:
+        from evaluators.sandbox.docker_engine import gvisor_missing
+
+        why = gvisor_missing()
+    if not why:
+        return
+    if os.environ.get("CI"):
+        pytest.fail(f"{'gVisor' if gvisor else 'docker'} backend missing in CI: {why}")
+    pytest.skip(f"{'gVisor' if gvisor else 'docker'} backend not testable here: {why}")
+
+
 def sandboxes_by_backend(image: str) -> Iterator:
-    """A function backend name -> sandbox (process, or Docker with `image`), each made once on first
-    use and closed afterwards. Use inside a module fixture: `yield from sandboxes_by_backend(...)`."""
+    """A function backend name -> sandbox ("process", "docker" with `image`, or "gvisor": Docker with
+    `image` under runsc), each made once on first use and closed afterwards. Use inside a module
+    fixture: `yield from sandboxes_by_backend(...)`."""
     made: dict[str, object] = {}
 
     def get(backend: str):
         if backend not in made:
             if backend == "process":
-                made[backend] = ProcessSandbox()
+                made[backend] = ProcessSandbox(image=image)
             else:
                 from evaluators.sandbox.docker import DockerSandbox
 
-                made[backend] = DockerSandbox(image=image, concurrency=1)
+                made[backend] = DockerSandbox(image=image, concurrency=1, gvisor=backend == "gvisor")
         return made[backend]
 
     yield get
@@ -58,9 +75,8 @@ def alive(pid: int) -> bool:
 
 
 def without_isolation(box):
-    """The process sandbox `box` with its namespaces, Landlock and seccomp off: the layer underneath
-    (uids, cgroups, permissions, clean-up by uid), all that a kernel without them leaves. For tests
-    of that layer that look at a candidate's processes by their host pids, let it run host binaries
-    (`sleep`) or meet another candidate in a shared directory, none of which isolation allows."""
-    box.isolation = {"namespaces": False, "landlock": False, "seccomp": None}
-    return box
+    """A process sandbox like `box` but with `sandbox.isolation: none` (no bubblewrap, no seccomp):
+    for tests of the layer underneath (cgroups, rlimits, the process tree) that look at a
+    candidate's processes by their host pids or meet another candidate in a shared directory,
+    none of which the sandbox allows."""
+    return ProcessSandbox(box.allow_unbounded_process_tree, isolation="none", image=box.image)

@@ -26,6 +26,7 @@ import ctypes
 import json
 import os
 import resource
+import signal
 import socket
 import sys
 
@@ -131,6 +132,8 @@ def main():
     except NotConfined:
         os._exit(EXIT_NOT_CONFINED)
     os.closerange(3, 1 << 16)
+    for name in ("SIGPIPE", "SIGXFSZ"):  # Python ignores them, and an ignored signal stays ignored across exec
+        signal.signal(getattr(signal, name), signal.SIG_DFL)
     try:
         os.execvp(argv[0], argv)
     except OSError as err:  # the program's own failure (a binary that cannot run): exit 127

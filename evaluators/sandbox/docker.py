@@ -56,6 +56,7 @@ from typing import Any
 from evaluators.sandbox import syscalls
 from evaluators.sandbox.base import DATA_ENV, SandboxLimits, SandboxResult, tmpfs_mb
 from evaluators.sandbox.docker_engine import (  # noqa: F401  (re-exported: tests and callers use them here)
+    GVISOR_THREADS,
     LABEL,
     OWNER_LABEL,
     REPOSITORY,
@@ -212,8 +213,9 @@ class DockerSandbox:
         # generous because every container's candidate shares RUN_UID. The container's seccomp
         # profile is Docker's to apply (locked_down_host_config).
         limited = {**rlimits(limits), "RLIMIT_NPROC": [4096, 4096]}
-        if self.gvisor:  # gVisor refuses to set it (its message queues live in its own kernel anyway)
-            limited.pop("RLIMIT_MSGQUEUE")
+        if self.gvisor:  # a kernel of the container's own: the uid's tasks are this run's alone
+            limited["RLIMIT_NPROC"] = [int(limits.max_processes)] * 2
+            limited.pop("RLIMIT_MSGQUEUE")  # gVisor refuses to set it (its message queues are its own anyway)
         # the launcher also installs the Python kind's own filter (EPERM, no listener): under runc it
         # narrows the container's profile, under gVisor, which ignores a container's profile, it is the one
         seccomp = base64.b64encode(syscalls.bpf(self.kinds[0] if self.kinds[0] == "gpu" else "python", "errno")).decode()
@@ -394,7 +396,9 @@ class DockerSandbox:
             self.kinds,
             self.gvisor,
             nano_cpus=int(min(cpus, self._engine_cpus) * 1e9),
-            pids_limit=max_processes + 16,  # + keeper, init, runner and its threads
+            # + keeper, init, runner and its threads; under gVisor its own threads (the candidate's
+            # tasks live inside gVisor's kernel, bounded there by RLIMIT_NPROC)
+            pids_limit=max_processes + 16 + (GVISOR_THREADS if self.gvisor else 0),
             tmpfs={"/tmp": tmp_opts},
             shm_size=SHM_MB * 1024 * 1024,
             device_requests=device_requests,

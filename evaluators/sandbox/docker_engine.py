@@ -28,6 +28,7 @@ def _client(timeout: float = 30.0):
 
 
 GVISOR_RUNTIME = "runsc"  # the name gVisor's runtime is registered under (`runsc install`)
+GVISOR_THREADS = 512  # the host threads of gVisor's own kernel and file proxy, in a container's pids limit
 
 
 def gvisor_missing(client=None) -> str:

@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from evaluators.sandbox.docker_engine import LABEL, OWNER_LABEL, START_TIMEOUT_S, locked_down_host_config, recv_frame
+from evaluators.sandbox.docker_engine import GVISOR_THREADS, LABEL, OWNER_LABEL, START_TIMEOUT_S, locked_down_host_config, recv_frame
 from evaluators.sandbox.native import RUNNER, NativeLimits, ReplyReader, SessionError, message
 
 RUNNER_TEXT = RUNNER.read_text(encoding="utf-8")
@@ -109,7 +109,7 @@ class NativePool:
             self.box.kinds,
             self.box.gvisor,
             nano_cpus=int(1e9),  # one CPU: the slot runs one case at a time
-            pids_limit=max_processes + 32,  # + keeper, init, runner and its helpers
+            pids_limit=max_processes + 32 + (GVISOR_THREADS if self.box.gvisor else 0),  # + keeper, init, runner and its helpers
             tmpfs={
                 "/tmp": f"rw,nosuid,nodev,exec,mode=0755,size={TMPFS_MB}m",
                 "/dev/shm": "rw,nosuid,nodev,noexec,mode=0755,size=1m",

@@ -1,6 +1,6 @@
 """The allow-lists of evaluators/sandbox/syscalls.py, by kind.
 
-Each kind's list holds every call `python -m evaluators.sandbox.learn_profiles` saw its honest
+Each kind's list holds every call `python -m evaluators.learn_profiles` saw its honest
 programs make (the math starters and published records, denoising's MAGIC, magic-impute and ALRA,
 TriMul's initial and torch.compile kernels on the CPU check, AHC039's initial program and a
 contest-style AHC058 program, with their compilations), and the rest of the ordinary interface

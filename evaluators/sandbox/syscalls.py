@@ -7,7 +7,7 @@ One profile per kind of sandboxed process (`PROFILES`):
 - "compiler": the C++ compiler of a compiled program (g++, cc1plus, as, ld);
 - "program": one case of a compiled program (AtCoder C++).
 Each list is what the honest seeds and the published programs of the domains that use it were
-seen to call, derived by `python -m evaluators.sandbox.learn_profiles` (which runs them in the
+seen to call, derived by `python -m evaluators.learn_profiles` (which runs them in the
 sandbox with a filter that lets every call through and writes each one down), plus LAUNCHER (what
 confine.py calls after its filter is on). A few calls are allowed only with some arguments
 (`_conditions`): clone without namespace flags, socket of the local and internet families only

@@ -90,7 +90,7 @@ def _write_output(value):
     if array.dtype.kind not in "biuf":
         _fail(EXIT_BAD_VALUE, f"magic_denoise returned a {type(value).__name__} of dtype {array.dtype}, not real numbers")
     fd = os.environ.get("DISCOVER_OUTPUT_FD")  # harness.py's descriptor for the value, when it has one
-    with (os.fdopen(int(fd), "w", encoding="ascii") if fd else open("output.json.part", "w", encoding="ascii")) as out:
+    with os.fdopen(int(fd), "w", encoding="ascii") if fd else open("output.json.part", "w", encoding="ascii") as out:
         out.write('{"npy": "')
         encoder = _Base64Writer(out)
         np.lib.format.write_array(encoder, array, allow_pickle=False)

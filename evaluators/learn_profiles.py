@@ -1,6 +1,6 @@
 """Derive the seccomp allow-lists (evaluators/sandbox/syscall_lists.py) from what honest programs call.
 
-      python -m evaluators.sandbox.learn_profiles [--kinds python,gpu,compiler,program] [--cases 0-2]
+      python -m evaluators.learn_profiles [--kinds python,gpu,compiler,program] [--cases 0-2]
         [--program KIND=FILE ...] [--check]
 
 Runs honest programs of every domain in the process sandbox with filters that let every system call
@@ -31,9 +31,9 @@ from evaluators.sandbox.process import ProcessSandbox
 from evaluators.sandbox.syscall_lists import COMPILER, GPU_EXTRA, LAUNCHER, PROGRAM, PYTHON
 from evaluators.sandbox.syscalls import CONDITIONAL
 
-PUBLISHED = Path(__file__).resolve().parents[1] / "math" / "published"
+PUBLISHED = Path(__file__).resolve().parent / "math" / "published"
 # an honest contest-style AHC058 program (random_device, clocks, a thread), run with the seeds
-CONTEST_STYLE = Path(__file__).resolve().parents[2] / "tests" / "programs" / "ahc058_timed.cpp"
+CONTEST_STYLE = Path(__file__).resolve().parents[1] / "tests" / "programs" / "ahc058_timed.cpp"
 MATH = {"erdos": "erdos", "ac1": "ac1", "ac2": "ac2", "circles-26": "circle_packing"}
 MODE = "learn"  # --check: "notify", the filters as they run candidates (what they refuse is printed)
 KNOWN = {"python": set(PYTHON), "gpu": set(PYTHON) | set(GPU_EXTRA) | set(COMPILER), "compiler": set(COMPILER), "program": set(PROGRAM)}
