@@ -9,7 +9,7 @@ EXTRAS := --extra dev --extra bio --extra real-model --extra ray
 export UV_PROJECT_ENVIRONMENT := $(abspath $(VENV))
 export UV_LINK_MODE := copy
 
-.PHONY: setup demo test typecheck lint format lock clean-venv images test-images gpu-check
+.PHONY: setup demo test typecheck lint format lock clean-venv images test-images sandbox-tools gpu-check
 
 $(UV):
 	$(PYTHON) -m venv $(TOOLS)
@@ -38,6 +38,11 @@ images: setup
 test-images: setup
 	$(VENV)/bin/python images/build.py --if-docker python-math cpp20 bio
 
+# The sandbox's tools from Debian's packages (docs/sandbox.md): bubblewrap for the process backend;
+# in CI (CI set) also gVisor's runsc, registered with the Docker engine (it edits daemon.json).
+sandbox-tools:
+	$(PYTHON) images/sandbox_tools.py $(if $(CI),--gvisor)
+
 # Static type checking of the seams between the floors (files listed in pyproject.toml [tool.mypy]).
 typecheck: setup
 	$(VENV)/bin/mypy
@@ -51,8 +56,8 @@ format: setup
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-# Lint and the type check, then every test (tests/test_imports.py runs import-linter's floor contracts).
-test: setup test-images lint typecheck
+# The sandbox's tools, the images, lint and the type check, then every test (tests/test_imports.py runs import-linter's floor contracts).
+test: setup sandbox-tools test-images lint typecheck
 	$(VENV)/bin/python -m pytest -q --durations=30
 
 # Every GPU test and benchmark in one go, one results file: benchmarks/results/gpu-<date>-<gpu>.json

@@ -1,31 +1,45 @@
-"""Per-evaluation overhead of the sandbox backends (issue 4, Must show 3).
+"""Per-evaluation overhead of the sandbox backends, side by side in one run (issue 36, Must show 3).
 
-`python benchmarks/sandbox_overhead.py [--repeats N]` runs the same check (call `construct`,
-score its value with the Erdős verifier) in-process, in the process backend, in the docker
-backend with a warm pool and in the docker backend cold (a new container per evaluation), for a
-trivial program and for a one-second program, and prints mean seconds per evaluation and the
-ratio to in-process. Docker rows are skipped, with the reason, when no engine or image is there
-(or with --process-only). The process backend runs twice, side by side: isolated (namespaces,
-Landlock, seccomp: evaluators/sandbox/isolation.py) and "process-bare" without that isolation (the
-layer underneath: uids, cgroups, rlimits), and the isolated/bare ratio is printed, for Python runs
-and, where g++ is installed, per case of a compiled program (a trivial program on 20 cases).
+    python benchmarks/sandbox_overhead.py [--repeats N] [--baseline REV] [--skip-docker] [--out DIR]
+
+The same three workloads under each backend:
+- "trivial": a Python program that returns 50 numbers, scored by the Erdős verifier;
+- "one-second": the same after one second of busy work;
+- "case": one case of a trivial compiled program (seconds per case: (20 cases - 1 case) / 19,
+  compilation excluded).
+Backends (columns):
+- "bare": the process backend with `sandbox.isolation: none` (the harness, rlimits and the cgroup,
+  no sandbox): what every other column adds to;
+- "before": the process backend of revision REV (default: the last one before bubblewrap, with its
+  own namespaces, Landlock and seccomp deny-list), run from a git worktree of this repository in a
+  process of its own;
+- "bwrap": today's process backend (bubblewrap, the minimal view, the seccomp allow-list and its
+  listener);
+- "docker": a warm Docker container of the python-math or cpp20 image (runc, the allow-list as its
+  seccomp profile);
+- "gvisor": the same under gVisor's runsc.
+Prints mean seconds per evaluation (or per case) and each column's ratio to "bare"; with --out,
+writes sandbox_overhead.json and .md there. Docker and gVisor columns are left out, with the
+reason, where no engine, image or runtime is there.
 """
 
 from __future__ import annotations
 
 import argparse
-import shutil
+import json
+import os
+import platform
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
 
-from evaluators.math.erdos import ErdosProblem  # noqa: E402
-from evaluators.sandbox import ProcessSandbox, SandboxLimits, docker_unavailable  # noqa: E402
-from evaluators.sandbox.native import NativeLimits  # noqa: E402
-
+BASELINE = "a92d372"  # the last revision before the process backend moved to bubblewrap (issue 36)
 PROGRAMS = {
     "trivial": "def construct(parent):\n    return [0.5] * 50\n",
     "one-second": (
@@ -37,62 +51,77 @@ PROGRAMS = {
         "    return [0.5] * 50\n"
     ),
 }
-LIMITS = SandboxLimits(timeout_s=30.0, memory_mb=1024, cpus=1)
-PROBLEM = ErdosProblem(timeout_s=30.0, memory_mb=1024, cpus=1)
-
-
-def in_process(program: str) -> float:
-    namespace: dict = {}
-    exec(compile(program, "<candidate>", "exec"), namespace)
-    return PROBLEM.verify(namespace["construct"](None)).reward
-
-
-def through(sandbox, program: str) -> float:
-    run = sandbox.run(program, "construct", None, LIMITS)
-    assert run.ok, run.reason
-    return PROBLEM.verify(run.output).reward
-
-
-class Cold:
-    """A docker sandbox without a warm pool: every evaluation creates and removes a container."""
-
-    name = "docker-cold"
-
-    def __init__(self):
-        from evaluators.sandbox.docker import DockerSandbox
-
-        self.box = DockerSandbox(image="python-math", concurrency=1, warm=False)
-
-    def run(self, *args):
-        return self.box.run(*args)
-
-
-def bare() -> ProcessSandbox:
-    """The process backend without namespaces, Landlock and seccomp (as before issue 27's isolation)."""
-    box = ProcessSandbox()
-    box.isolation = {"namespaces": False, "landlock": False, "seccomp": None}
-    return box
-
-
 CASES = 20
 TRIVIAL_CPP = '#include <cstdio>\nint main() { int n; if (scanf("%d", &n) == 1) printf("%d\\n", 2 * n); }\n'
 
+# Runs in a process of its own with a revision's code first on the import path: times that
+# revision's process backend on the workloads above and prints them as JSON.
+DRIVER = """
+import json, statistics, sys, time
+from evaluators.math.erdos import ErdosProblem
+from evaluators.sandbox import ProcessSandbox, SandboxLimits
+from evaluators.sandbox.native import NativeLimits
 
-def per_case(box: ProcessSandbox) -> float:
-    """Seconds per case of a trivial compiled program: (20 cases - 1 case) / 19, compilation excluded."""
+programs, cpp, cases, repeats = json.loads(sys.argv[1])
+limits = SandboxLimits(timeout_s=30.0, memory_mb=1024, cpus=1)
+problem = ErdosProblem(timeout_s=30.0, memory_mb=1024, cpus=1)
+box = ProcessSandbox()
 
-    def timed(n: int) -> float:
+def through(program):
+    run = box.run(program, "construct", None, limits)
+    assert run.ok, run.reason
+    return problem.verify(run.output).reward
+
+def measure(fn):
+    fn()
+    times = []
+    for _ in range(repeats):
         start = time.perf_counter()
-        run = box.run_native(TRIVIAL_CPP, [(i, f"{i}\n") for i in range(n)], NativeLimits(parallel=1))
-        assert run.compiled and all(c.status == "OK" for c in run.cases), run
-        return time.perf_counter() - start
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.mean(times)
 
-    timed(1)  # warm-up
-    return (timed(CASES) - timed(1)) / (CASES - 1)
+def timed(n):
+    start = time.perf_counter()
+    run = box.run_native(cpp, [(i, f"{i}\\n") for i in range(n)], NativeLimits(parallel=1))
+    assert run.compiled and all(c.status == "OK" for c in run.cases), run
+    return time.perf_counter() - start
+
+out = {label: measure(lambda: through(program)) for label, program in programs.items()}
+timed(1)
+out["case"] = (timed(cases) - timed(1)) / (cases - 1)
+print(json.dumps(out))
+"""
+
+
+def new_backends(skip_docker: bool) -> tuple[dict, dict[str, str]]:
+    """{column: sandbox for Python runs, sandbox for compiled programs} of today's code, and the
+    columns left out with why."""
+    from evaluators.sandbox import ProcessSandbox, docker_unavailable
+
+    boxes = {"bare": (ProcessSandbox(isolation="none"),) * 2, "bwrap": (ProcessSandbox(),) * 2}
+    missing: dict[str, str] = {}
+    why = "--skip-docker" if skip_docker else docker_unavailable("python-math") or docker_unavailable("cpp20")
+    if why:
+        missing["docker"] = missing["gvisor"] = why
+        return boxes, missing
+    from evaluators.sandbox.docker import DockerSandbox
+    from evaluators.sandbox.docker_engine import gvisor_missing
+
+    boxes["docker"] = (DockerSandbox(image="python-math", concurrency=1), DockerSandbox(image="cpp20", concurrency=1))
+    why = gvisor_missing()
+    if why:
+        missing["gvisor"] = why
+    else:
+        boxes["gvisor"] = (
+            DockerSandbox(image="python-math", concurrency=1, gvisor=True),
+            DockerSandbox(image="cpp20", concurrency=1, gvisor=True),
+        )
+    return boxes, missing
 
 
 def measure(fn, repeats: int) -> float:
-    fn()  # warm-up (imports, the pool's first container)
+    fn()  # warm-up (imports, a pool's first container)
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -101,37 +130,106 @@ def measure(fn, repeats: int) -> float:
     return statistics.mean(times)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--process-only", action="store_true", help="skip the docker rows")
-    args = parser.parse_args()
-    isolated = ProcessSandbox()
-    backends = {"process": isolated, "process-bare": bare()}
-    print(f"process backend isolation here: missing {isolated.isolation_missing or 'nothing'}")
-    why = "--process-only" if args.process_only else docker_unavailable("python-math")
-    if not why:
-        from evaluators.sandbox.docker import DockerSandbox
+def time_box(python_box, native_box, repeats: int) -> dict[str, float]:
+    from evaluators.math.erdos import ErdosProblem
+    from evaluators.sandbox import SandboxLimits
+    from evaluators.sandbox.native import NativeLimits
 
-        backends["docker-warm"] = DockerSandbox(image="python-math", concurrency=1)
-        backends["docker-cold"] = Cold()
-    print(f"{'program':<11} {'backend':<12} {'s/eval':>9} {'overhead s':>11} {'x in-process':>13}")
-    for label, program in PROGRAMS.items():
-        base = measure(lambda: in_process(program), args.repeats)  # noqa: B023 (called at once)
-        print(f"{label:<11} {'in-process':<12} {base:9.4f} {0.0:11.4f} {1.0:13.2f}")
-        seconds = {}
-        for name, box in backends.items():
-            t = seconds[name] = measure(lambda: through(box, program), args.repeats)  # noqa: B023 (called at once)
-            print(f"{label:<11} {name:<12} {t:9.4f} {t - base:11.4f} {t / base:13.2f}")
-        print(f"{label:<11} process isolated / bare: {seconds['process'] / seconds['process-bare']:.2f}")
-    if why:
-        print(f"docker rows skipped: {why}")
-    if shutil.which("g++"):
-        cases = {"process": per_case(isolated), "process-bare": per_case(backends["process-bare"])}
-        print(f"compiled program, s/case: isolated {cases['process']:.4f}, bare {cases['process-bare']:.4f}, ", end="")
-        print(f"isolated / bare {cases['process'] / cases['process-bare']:.2f}")
-    for box in backends.values():
-        getattr(getattr(box, "box", box), "close", lambda: None)()
+    limits = SandboxLimits(timeout_s=30.0, memory_mb=1024, cpus=1)
+    problem = ErdosProblem(timeout_s=30.0, memory_mb=1024, cpus=1)
+
+    def through(program: str) -> float:
+        run = python_box.run(program, "construct", None, limits)
+        assert run.ok, run.reason
+        return problem.verify(run.output).reward
+
+    def timed(n: int) -> float:
+        start = time.perf_counter()
+        run = native_box.run_native(TRIVIAL_CPP, [(i, f"{i}\n") for i in range(n)], NativeLimits(parallel=1))
+        assert run.compiled and all(c.status == "OK" for c in run.cases), run
+        return time.perf_counter() - start
+
+    out = {label: measure(lambda: through(program), repeats) for label, program in PROGRAMS.items()}  # noqa: B023 (called at once)
+    timed(1)
+    out["case"] = (timed(CASES) - timed(1)) / (CASES - 1)
+    return out
+
+
+def time_revision(rev: str, repeats: int) -> dict[str, float]:
+    """The workloads under revision `rev`'s process backend, from a git worktree of it."""
+    where = Path(tempfile.mkdtemp(prefix="discover-baseline-"))
+    subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(where / "tree"), rev], check=True, capture_output=True)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", DRIVER, json.dumps([PROGRAMS, TRIVIAL_CPP, CASES, repeats])],
+            cwd=where / "tree",
+            env={**os.environ, "PYTHONPATH": str(where / "tree")},
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"revision {rev}'s process backend failed: {done.stderr[-2000:]}")
+        return json.loads(done.stdout.strip().splitlines()[-1])
+    finally:
+        subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(where / "tree")], check=False, capture_output=True)
+
+
+def table(results: dict[str, dict[str, float]]) -> str:
+    columns = list(results)
+    lines = [
+        "| workload | " + " | ".join(f"{c} s" for c in columns) + " | " + " | ".join(f"{c} / bare" for c in columns if c != "bare") + " |"
+    ]
+    lines.append("|---" * (1 + 2 * len(columns) - 1) + "|")
+    for workload in (*PROGRAMS, "case"):
+        bare = results["bare"][workload]
+        cells = [f"{results[c][workload]:.4f}" for c in columns]
+        ratios = [f"{results[c][workload] / bare:.2f}" for c in columns if c != "bare"]
+        lines.append(f"| {workload} | " + " | ".join(cells + ratios) + " |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--baseline", default=BASELINE, help=f"the revision of the 'before' column (default {BASELINE}; '' leaves it out)")
+    parser.add_argument("--skip-docker", action="store_true", help="leave the docker and gvisor columns out")
+    parser.add_argument("--out", type=Path, help="write sandbox_overhead.json and .md into this directory")
+    args = parser.parse_args()
+    boxes, missing = new_backends(args.skip_docker)
+    results: dict[str, dict[str, float]] = {}
+    started = time.time()
+    for column in ("bare", "before", "bwrap", "docker", "gvisor"):
+        if column == "before":
+            if args.baseline:
+                print(f"timing {column} ({args.baseline}) ...", file=sys.stderr, flush=True)
+                results[column] = time_revision(args.baseline, args.repeats)
+            continue
+        if column in boxes:
+            print(f"timing {column} ...", file=sys.stderr, flush=True)
+            results[column] = time_box(*boxes[column], args.repeats)
+    for python_box, native_box in boxes.values():
+        for box in {id(python_box): python_box, id(native_box): native_box}.values():
+            getattr(box, "close", lambda: None)()
+    load = os.getloadavg()[0]
+    text = table(results)
+    notes = [f"{c}: left out ({why})" for c, why in missing.items()]
+    header = (
+        f"{platform.node()} {platform.machine()}, kernel {platform.release()}, {os.cpu_count()} CPUs, load average {load:.1f} at the end, "
+        f"{args.repeats} repeats, {time.time() - started:.0f} s in all; 'before' is revision {args.baseline or '(left out)'}"
+    )
+    print(header)
+    print(text)
+    for note in notes:
+        print(note)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "sandbox_overhead.json").write_text(
+            json.dumps({"setup": header, "seconds": results, "missing": missing}, indent=2) + "\n"
+        )
+        (args.out / "sandbox_overhead.md").write_text(
+            "# Sandbox overhead (benchmarks/sandbox_overhead.py)\n\n" + header + "\n\n" + text + "\n\n" + "".join(f"- {n}\n" for n in notes)
+        )
     return 0
 
 

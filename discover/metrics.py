@@ -19,6 +19,8 @@ Keys (None where the file that gives it is not written yet):
     time/<task>            seconds of each of the step's five tasks (manifest.json)
     problem/<name>         the mean over the step's valid candidates of the problem's
                            `summary_metrics` hook (docs/architecture.md, "Problem hooks")
+    sandbox/unisolated     1 when the run's candidates ran without isolation (sandbox.isolation:
+                           none, docs/sandbox.md), else 0
 
 The record only reads files, so computing it again gives the same numbers; a step without a
 metrics.json (unfinished, or written by an older version) gets its record computed on the fly.
@@ -86,6 +88,7 @@ def step_metrics(run: Run, step: int) -> Record:
         "reward/valid_fraction": None,
         "archive/size": None,
         "tokens/completion": None,
+        "sandbox/unisolated": 1.0 if run.config.sandbox.isolation == "none" else 0.0,
     }
     edits = run.config.sampling.answer_format == "edits"
     if edits:

@@ -85,6 +85,28 @@ def check_process_tree_bound(problem, backend: str) -> None:
     raise PreflightError(unbounded_message(why))
 
 
+def check_isolation(problem, backend: str, isolation: str) -> None:
+    """The sandbox can isolate candidates as `isolation` asks (bubblewrap for the process backend,
+    gVisor's runtime for Docker), or the run does not start: fail closed, naming the fix."""
+    from evaluators.sandbox import docker_unavailable
+    from evaluators.sandbox.process import isolation_message, isolation_problem
+
+    docker = backend == "docker" or (backend == "auto" and isolation != "none" and not docker_unavailable(problem.image))
+    if docker:
+        if isolation == "none":
+            raise PreflightError("sandbox.isolation 'none' applies to the process backend only; set sandbox.backend: process")
+        if isolation == "gvisor":
+            from evaluators.sandbox.docker_engine import gvisor_missing
+
+            why = gvisor_missing()
+            if why:
+                raise PreflightError(f"sandbox.isolation 'gvisor' cannot run here: {why}")
+        return
+    why = isolation_problem(isolation)
+    if why:
+        raise PreflightError(isolation_message(isolation, why))
+
+
 def check_answer_format(config: RunConfig, problem) -> None:
     """`sampling.answer_format: edits` edits the parent's program, so the problem's answers must be
     programs (not data, like the toy problem's digits) and every seed state must carry a program."""
@@ -227,6 +249,8 @@ def preflight(config: RunConfig) -> None:
             raise PreflightError(f"sandbox.backend 'docker' cannot run {problem.name} here: {why}; or set sandbox.backend: process")
     if problem.needs_sandbox and config.sandbox.backend in ("process", "auto") and not config.sandbox.allow_unbounded_process_tree:
         check_process_tree_bound(problem, config.sandbox.backend)
+    if problem.needs_sandbox:
+        check_isolation(problem, config.sandbox.backend, config.sandbox.isolation)
     problems = problem.preflight(config.sandbox.backend)
     if problems:
         raise PreflightError(problems[0])

@@ -28,7 +28,6 @@ def test_two_steps_keep_the_magic_seed_with_its_reward(tmp_path: Path, long_cont
         "model": {"name": str(long_context_tiny_model), "lora_rank": 4, "device": "cpu"},
         "sampling": {"context_tokens": 8192, "thinking_budget": 8192, "max_answer_tokens": 8},
         "sandbox": {"backend": "process", "concurrency": 2},
-        "problem_options": {"allow_process_backend": True},  # our own programs: the process backend is opted into
     }
     path = tmp_path / "denoising.yaml"
     path.write_text(yaml.safe_dump(config))

@@ -7,7 +7,6 @@ the docker backend.
 
 from __future__ import annotations
 
-import os
 import warnings
 
 import numpy as np
@@ -27,7 +26,7 @@ BACKENDS = [
 
 @pytest.fixture(scope="module")
 def problem() -> DenoisingProblem:
-    p = DenoisingProblem(allow_process_backend=True)  # the process backend's runs here are our own tests
+    p = DenoisingProblem()
     p.prepared()  # load and split once for the module
     return p
 
@@ -90,12 +89,17 @@ def test_a_traceback_names_the_candidates_own_lines(problem, boxes) -> None:
     assert "return X @ np.ones(3)" in verdict.observation and "driver" not in verdict.observation
 
 
-def test_the_process_backend_warns_that_it_does_not_isolate_the_dataset(problem) -> None:
+def test_without_isolation_a_warning_says_the_dataset_is_readable(problem) -> None:
     import evaluators.bio.denoising.problem as module
 
-    module._process_warned = False
-    with pytest.warns(RuntimeWarning, match="use the docker backend"):
-        problem.evaluate("def magic_denoise(X, **kw):\n    return X\n", None, ProcessSandbox())
+    module._unisolated_warned = False
+    with pytest.warns(RuntimeWarning, match="never train untrusted models so"):
+        problem.evaluate("def magic_denoise(X, **kw):\n    return X\n", None, ProcessSandbox(isolation="none", image="bio"))
+
+
+def test_the_old_opt_in_is_accepted_and_says_it_is_no_longer_needed() -> None:
+    with pytest.warns(DeprecationWarning, match="allow_process_backend is no longer needed"):
+        DenoisingProblem(allow_process_backend=True)
 
 
 # A candidate that hunts for the held-out counts by every route it has, says what each gave, and
@@ -199,11 +203,9 @@ def _routes(logs: str) -> dict[str, str]:
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_candidate_hunting_for_the_held_out_counts_gets_nothing_it_can_use(problem, boxes, backend: str) -> None:
-    if backend == "process" and os.geteuid() != 0:
-        pytest.skip("the process backend isolates a candidate from this process only as root (a uid per run)")
-    # The process backend cannot hide scanpy's own copy of the default dataset (the problem warns
-    # and docs/problems/denoising.md says so): that route is tried only in the container, where no copy is left.
-    code = HOSTILE.format(try_scanpy=backend == "docker")
+    # scanpy's own copy of the default dataset: deleted from the bio image, shown empty in the
+    # process sandbox's view (evaluators/sandbox/view.py, HIDDEN_SUFFIXES)
+    code = HOSTILE.format(try_scanpy=True)
     verdict = _evaluate(problem.with_limits(timeout_s=300.0), code, boxes(backend))
     routes = _routes(verdict.observation)
     split = problem.prepared().split
@@ -215,15 +217,15 @@ def test_a_candidate_hunting_for_the_held_out_counts_gets_nothing_it_can_use(pro
     assert set(routes["environment"].split()) <= SANDBOX_ENV
     assert routes["data directory"] == "train.npy"
     if backend == "process":
-        # the parent is this process: another uid may not read its memory, environment or maps
+        # the parent is bubblewrap's init in the candidate's PID namespace: another uid's, unreadable
         for name in ("mem", "environ", "maps"):
             assert routes[f"parent {name}"].startswith("denied"), routes
     else:
-        # the parent is the container's runner, which never holds the counts; this process is
-        # not even visible (another pid namespace), and no dataset is left in the image
+        # the parent is the container's runner, which never holds the counts
         assert routes["parent cmdline"].startswith("python3 -I -c")
-        assert "pytest" not in routes["processes"] and len(routes["processes"].split(" | ")) < 10
-        assert routes["scanpy dataset"].startswith("unavailable")
+    # this process is not even visible (another PID namespace), and no dataset is left to read
+    assert "pytest" not in routes["processes"] and len(routes["processes"].split(" | ")) < 10, routes
+    assert routes["scanpy dataset"].startswith("unavailable"), routes
     # and whatever it returned is not the held-out counts
     assert verdict.metrics.get("mse_normalized", 0.0) < 0.5, routes
     assert np.isfinite(verdict.reward) and verdict.reward < 1.0
@@ -235,7 +237,7 @@ def test_a_matrix_larger_than_the_default_file_limit_comes_back_whole(tmp_path, 
 
     counts = np.random.default_rng(0).poisson(0.3, size=(1500, 6000)).astype(np.float32)
     anndata.AnnData(X=counts).write_h5ad(tmp_path / "large.h5ad")
-    large = DenoisingProblem(data=str(tmp_path / "large.h5ad"), allow_process_backend=True)
+    large = DenoisingProblem(data=str(tmp_path / "large.h5ad"))
     split = large.prepared().split
     assert split.train.nbytes > 64 * 2**20  # over the sandbox's default file size limit
     verdict = _evaluate(large, "def magic_denoise(X, **kw):\n    return X * 0.5 + 0.0\n", boxes(backend))

@@ -40,7 +40,7 @@ from discover.evaluation import judge_candidate
 from evaluators.bio.denoising.counts import load_counts
 from evaluators.bio.denoising.metrics import Baselines, judge, mse, powered
 from evaluators.bio.denoising.npy import decode_output, read_npy
-from evaluators.bio.denoising.problem import DenoisingProblem, ProcessBackendRefused
+from evaluators.bio.denoising.problem import DenoisingProblem
 from evaluators.bio.denoising.report import run_program
 from evaluators.bio.denoising.sources import CANDIDATE_RANDOM_STATE, program
 from evaluators.bio.denoising.split import DEFAULT_SEED, keyed_seed, split_molecules
@@ -117,7 +117,7 @@ def _load(code: str, name: str):
 
 @pytest.fixture(scope="module")
 def problem() -> DenoisingProblem:
-    p = DenoisingProblem(allow_process_backend=True)  # judge-level attacks; the refusal has its own tests
+    p = DenoisingProblem()
     p.prepared()
     return p
 
@@ -629,25 +629,19 @@ def magic_denoise(X, **kwargs):
 """
 
 
-def test_the_process_backend_is_refused_by_default_with_a_line_naming_the_fix() -> None:
-    refusing = DenoisingProblem()
-    with pytest.raises(ProcessBackendRefused, match="allow_process_backend: true") as err:
-        refusing.evaluate(READER, None, ProcessSandbox())
-    assert "\n" not in str(err.value) and "sandbox.backend: docker" in str(err.value)
-    assert refusing.preflight("process") == [str(err.value)]
-    assert refusing.preflight("docker") == []
-    assert DenoisingProblem(allow_process_backend=True).preflight("process") == []
-    # in a run, the refusal is the configuration's fault: raised out of the judging (the step fails
-    # with its line, flows/evaluation.py does not retry a ValueError), never a candidate's score
-    with pytest.raises(ProcessBackendRefused, match="refuses the process sandbox"):
-        judge_candidate(refusing, READER, None, ProcessSandbox(), "hostile")
+def test_in_the_process_sandbox_a_reader_finds_nothing(problem, honest, boxes) -> None:
+    """scanpy's copy of the dataset is empty in the bio view and no other copy is there: the reader
+    scores no better than an honest method (issue 36; before, the problem refused this backend)."""
+    verdict = _evaluate(problem.with_limits(timeout_s=300.0), READER, boxes("process"))
+    assert "scanpy's copy unavailable" in verdict.observation and "reader: found" not in verdict.observation, verdict.observation
+    assert verdict.reward <= honest
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the process backend runs candidates as another uid only as root")
-def test_opted_into_the_process_backend_a_reader_does_recover_the_counts(problem, honest, boxes) -> None:
-    """Why the process backend is refused: opted in, the reader finds scanpy's copy and scores far
-    above any honest method (the opt-in is for trusted programs only)."""
-    verdict = _evaluate(problem, READER, boxes("process"))
+def test_without_isolation_a_reader_does_recover_the_counts(problem, honest) -> None:
+    """Why sandbox.isolation none is for trusted programs only: there the reader finds scanpy's copy
+    and scores far above any honest method."""
+    verdict = _evaluate(problem, READER, ProcessSandbox(isolation="none", image="bio"))
     assert "read scanpy's copy" in verdict.observation
     assert verdict.reward > 2 * honest
 
