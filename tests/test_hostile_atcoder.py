@@ -6,7 +6,8 @@ inputs and the evaluator's files, writing files for a later case. Each must end 
 (never an exception out of the evaluation) and a reward no higher than the honest baseline (the
 rectangle every one of them prints when its attack fails). Under Docker every attack fails, and so
 under the process backend, whose view holds the program's binary and its own directory only
-(docs/sandbox.md); as root (as CI runs) each program also has a uid of its own. Docker cases skip with the reason when the cpp20 image is missing.
+(docs/sandbox.md); as root (as CI runs) each program also has a uid of its own. Docker cases skip
+with the reason when the cpp20 image is missing.
 """
 
 from __future__ import annotations
