@@ -114,14 +114,19 @@ def test_the_same_children_fit_under_a_larger_limit():
 
 
 @needs_cgroup
-def test_the_run_cgroup_is_removed():
+def test_the_run_cgroup_is_removed(monkeypatch):
+    from evaluators.sandbox import cgroups
+
+    made: list[list[str]] = []
+    limit = cgroups.RunCgroup._limit
+    monkeypatch.setattr(cgroups.RunCgroup, "_limit", lambda self, *a: (made.append(list(self.dirs.values())), limit(self, *a))[1])
     program = "def construct(parent):\n    return open('/proc/self/cgroup').read()\n"
     result = run(program)
     assert result.ok, result.reason
-    names = {line.split(":", 2)[2].rsplit("/", 1)[-1] for line in result.output.splitlines()}
-    group = next(n for n in names if n.startswith("discover-run-"))  # the candidate ran inside it
-    for parent in LAYOUT.parents.values():
-        assert not os.path.exists(os.path.join(parent, group))
+    # in a cgroup namespace made inside the run's cgroup, that cgroup is the candidate's root
+    assert all(line.endswith(":/") for line in result.output.splitlines()), result.output
+    assert len(made) == 1 and made[0], made
+    assert not any(os.path.exists(d) for d in made[0]), made
 
 
 # -- refusing, or warning once, where no cgroup can be made ---------------------------------------
@@ -214,7 +219,7 @@ def test_files_and_ipc_objects_of_the_run_are_gone_afterwards():
 @needs_root
 def test_the_run_directory_and_new_files_are_private():
     out = run(LEAVES_THINGS).output
-    assert out["cwd_mode"] == "0o700" and out["cwd_uid"] == out["uid"]
+    assert out["cwd_mode"] == "0o777" and out["cwd_uid"] == 0  # a tmpfs of its own sandbox, on no disk of the host
     assert out["tmp_mode"] == "0o600"  # umask 077: other runs' uids cannot read what it writes
 
 
@@ -323,5 +328,5 @@ def test_a_compiled_program_leaves_nothing_and_runs_in_a_private_directory():
     uid, wrote, shm, queue, mode, owner = case.stdout.decode().split()
     assert int(uid) != 0 and wrote == "0" and int(shm) == -1  # no /run/lock in its view, System V IPC denied
     assert queue == "0"  # no POSIX message queue could be made
-    assert mode == "700" and int(owner) == int(uid)
+    assert mode == "777" and int(owner) == 0  # its own tmpfs (scratch of its sandbox, not the host's disk)
     assert _owned_in_scratch(int(uid)) == [] and owned_ipc(int(uid)) == []

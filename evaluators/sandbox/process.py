@@ -1,10 +1,10 @@
 """The process backend: each candidate runs in a sandbox that bubblewrap builds on this machine.
 
-Per run: a private host directory (0700, ours; deleted afterwards) holding the candidate's working
-directory (`work/`, its uid's), the captured stdout and stderr, and the file its return value is
-written to. The candidate runs `harness.py` in a bubblewrap sandbox (evaluators/sandbox/bwrap.py)
-whose file system is the minimal view of its problem (evaluators/sandbox/view.py: the interpreter,
-the packages its problem allows, its working directory at /sandbox/work, the job's files read-only
+Per run: a private host directory (0700, ours; deleted afterwards) holding the captured stdout and
+stderr and the file its return value is written to, none of it in the candidate's view. The
+candidate runs `harness.py` in a bubblewrap sandbox (evaluators/sandbox/bwrap.py) whose file system
+is the minimal view of its problem (evaluators/sandbox/view.py: the interpreter, the packages its
+problem allows, a fresh tmpfs as its working directory at /sandbox/work, the job's files read-only
 at /sandbox, fresh /tmp, /var/tmp and /dev/shm); in new mount, PID, network, IPC and UTS namespaces;
 as its own unprivileged uid when we are root (`reaping.acquire_run_uid`); under a seccomp allow-list
 (evaluators/sandbox/syscalls.py, profile "python" or "gpu"); and inside a cgroup made for the run
@@ -253,14 +253,12 @@ class ProcessSandbox:
         data_dir: Path | None,
         device: str | None,
     ) -> SandboxResult:
-        work = workdir / "work"
-        work.mkdir(mode=0o700)
-        if uid is not None:
-            os.chown(work, uid, uid)
         files = {"candidate.py": program, "input.json": json.dumps(argument, allow_nan=True)}
         data = str(Path(data_dir).resolve()) if data_dir is not None else None
         the_view = None
         if self.isolation == "none":  # no view: the files on the host, the host's import path
+            work = workdir / "work"
+            work.mkdir(mode=0o700)
             box, cwd, sys_path, data_path = workdir / "box", str(work), candidate_sys_path(), data
         else:
             the_view, sites = view.python_view(
@@ -268,7 +266,6 @@ class ProcessSandbox:
                 tmpfs_mb(limits),
                 uid or os.getuid(),
                 uid or os.getgid(),
-                str(work),
                 data,
                 view.nvidia_devices(device) if self.image == "gpu" and device != "cpu" else (),
             )

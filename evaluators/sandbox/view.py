@@ -31,7 +31,7 @@ import sysconfig
 from dataclasses import dataclass, field
 
 BOX = "/sandbox"  # the sandbox's own files: the launcher, the harness, the run's job (read-only)
-WORK = "/sandbox/work"  # a Python run's working directory (read-write; its HOME)
+WORK = "/sandbox/work"  # a Python run's working directory (a tmpfs of its own; its HOME)
 DATA = "/sandbox/data"  # a problem's read-only data directory, when it has one
 SCRATCH = ("/tmp", "/var/tmp", "/dev/shm")  # a fresh tmpfs each, per run and per case
 SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
@@ -315,11 +315,12 @@ def add_toolchain(view: View) -> None:
 
 
 def python_view(
-    image: str, tmpfs_mb: int, uid: int, gid: int, work: str, data_dir: str | None, gpu_devices: tuple[str, ...] = ()
+    image: str, tmpfs_mb: int, uid: int, gid: int, data_dir: str | None, gpu_devices: tuple[str, ...] = ()
 ) -> tuple[View, list[str]]:
     """The view of a Python run of `image`'s problems and its import path (after the standard
-    library): `work` (the run's directory on the host) read-write at WORK, `data_dir` read-only at
-    DATA; a "gpu" image adds the toolchain, GPU_TOOLS and `gpu_devices` (/dev/nvidiaN)."""
+    library): a fresh tmpfs at WORK (its working directory: nothing of it reaches the host's disk,
+    and what it writes there counts against its memory), `data_dir` read-only at DATA; a "gpu"
+    image adds the toolchain, GPU_TOOLS and `gpu_devices` (/dev/nvidiaN)."""
     view = base(tmpfs_mb, uid, gid, WORK)
     add_interpreter(view)
     sites = add_packages(view, image)
@@ -334,7 +335,7 @@ def python_view(
                 view.add(Mount("dev", device, device))
         if gpu_devices:
             view.expose("/sys")  # the driver's and the PCI devices' description, read by CUDA
-    view.bind(work, WORK, writable=True)
+    view.tmpfs(WORK, tmpfs_mb)
     if data_dir is not None:
         view.bind(data_dir, DATA)
     return view, sites
@@ -351,11 +352,12 @@ def compiler_view(build: str, uid: int, gid: int, tmpfs_mb: int) -> View:
 
 
 def program_view(binary_dir: str, case_dir: str, uid: int, gid: int, tmpfs_mb: int) -> View:
-    """One case's view: its binary's directory read-only, its own directory read-write (its cwd)."""
+    """One case's view: its binary's directory read-only, a fresh tmpfs at `case_dir` (its cwd:
+    nothing it writes reaches the host's disk, and it counts against the case's memory)."""
     view = base(tmpfs_mb, uid, gid, case_dir)
     add_interpreter(view)  # the launcher
     view.bind(binary_dir, binary_dir)
-    view.bind(case_dir, case_dir, writable=True)
+    view.tmpfs(case_dir, tmpfs_mb)
     return view
 
 
