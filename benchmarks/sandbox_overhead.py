@@ -11,7 +11,7 @@ Backends (columns):
 - "bare": the process backend with `sandbox.isolation: none` (the harness, rlimits and the cgroup,
   no sandbox): what every other column adds to;
 - "before": the process backend of revision REV (default: the last one before bubblewrap, with its
-  own namespaces, Landlock and seccomp deny-list), run from a git worktree of this repository in a
+  own namespaces, read-only host, Landlock and seccomp deny-list), run from a git worktree of this repository in a
   process of its own;
 - "bwrap": today's process backend (bubblewrap, the minimal view, the seccomp allow-list and its
   listener);

@@ -12,8 +12,8 @@ cannot undo), the docker backend gives each slot its own one-CPU container. Unde
 backend as root each slot has its own uid and gid: its directory, the runner's work directories and
 the binary are root's with access for that gid alone (native_runner.py), so a program of another
 evaluation cannot enter, read or run them. The process backend also isolates the compiler and each
-case with namespaces (a fresh /tmp, /dev/shm and System V IPC per case), Landlock and seccomp
-(isolation.py; docs/sandbox.md, Process).
+case in a bubblewrap sandbox of its own (view.py's compiler and program views, the launcher
+confine.py with the "compiler" or "program" seccomp profile; docs/sandbox.md, Process).
 
 Host memory does not grow with the number of cases: a case's raw output (up to `output_bytes`) is
 judged as that case ends, in one judging thread, and dropped once `on_case` has seen it; only the

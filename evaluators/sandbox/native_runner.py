@@ -9,9 +9,9 @@ child (the compiler, the program, the clean-up helpers) drops to the unprivilege
 chose, so the program cannot signal, trace or read the runner, its other cases' inputs (kept in a
 0700 directory) or its report (the runner's stdout). The work directory, bin/ and the binary are the
 runner's with group access for the program's gid alone (0710, 0750): a program of another
-evaluation (another uid and gid) cannot reach them. With the setup's `keyctl` (the system call's
-number) every child joins a new anonymous session keyring after the uid drop. A runner that is not root (the process
-backend run by a normal user) cannot protect itself that way; see native.py.
+evaluation (another uid and gid) cannot reach them. A runner that is not root (the process backend
+run by a normal user) cannot protect itself that way; under the process backend the sandbox's view
+holds none of its files anyway (see Child).
 
 Protocol: the host writes messages, each a line with a byte count and then that many bytes of
 JSON; the runner answers each with one line "<token> <JSON>". Messages: "setup" (limits, and the
@@ -24,15 +24,16 @@ POSIX message queues (RLIMIT_MSGQUEUE 0) and no core dumps; umask 077; one CPU (
 when the host names one; oom_score_adj 1000, so that an out-of-memory kill takes the program
 first; and a wall-clock backstop after which the whole session is killed. Under the process
 backend each case also gets a cgroup made by the host (the message's `cgroup_procs`, joined
-before the uid drop, so the program's whole tree is bounded and its CPU counted, reaped or not) and
-a private directory (`case_dir`: its cwd, HOME and TMPDIR, 0700 and the uid's), and the compiler and
-each case are isolated (the setup's `isolation`, isolation.py, loaded by its path: new namespaces with
-a read-only host and fresh /tmp, /dev/shm and IPC, Landlock, seccomp), before the uid drop; the child
-the runner started then waits outside the PID namespace and exits as the program does. The runner waits on
-a pidfd, kills the program's process group while its leader is still unreaped, then reaps it with
-wait4 for its CPU time and peak resident memory, and finally kills every process of `uid` (or, when
-not root, every process carrying the run's environment marker), removes the System V IPC objects and
-POSIX message queues of `uid` and wipes what `uid` owns in the scratch directories the host names.
+before anything starts, so the program's whole tree is bounded and its CPU counted, reaped or
+not) and a private directory (`case_dir`: its cwd, HOME and TMPDIR), and the compiler and each case
+start in a bubblewrap sandbox of their own (the setup's `sandbox`: see Child), where the launcher
+sets the limits above, drops to `uid` and installs the seccomp filter before it executes them. The
+runner waits on a pidfd (answering the filter's listener meanwhile), kills the program's process
+group while its leader is still unreaped, then reaps it with wait4 for its CPU time (less the
+launcher's own) and peak resident memory. Without a sandbox (a container of the docker backend, or
+sandbox.isolation: none) it finally kills every process of `uid` (or, when not root, every process
+carrying the run's environment marker), removes the System V IPC objects and POSIX message queues
+of `uid` and wipes what `uid` owns in the scratch directories the host names.
 Inside a container it also reads the container's cgroup: CPU used while the case ran (covering
 processes the program left unreaped) and the out-of-memory kill counter.
 """
