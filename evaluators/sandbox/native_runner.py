@@ -168,7 +168,13 @@ class Child:
                     current = resource.getrlimit(which)[1]  # an unprivileged child cannot raise it
                     if current != resource.RLIM_INFINITY:
                         hard = min(hard, current)
-                    resource.setrlimit(which, (min(soft, hard), hard))
+                    try:
+                        resource.setrlimit(which, (min(soft, hard), hard))
+                    except ValueError:
+                        # gVisor refuses this one; its message queues live in its own kernel, and
+                        # the container's seccomp profile has no call to make one anyway
+                        if name != "RLIMIT_MSGQUEUE":
+                            raise
             if self.cpu is not None:
                 try:
                     os.sched_setaffinity(0, {self.cpu})
@@ -241,10 +247,15 @@ class Child:
         answering the seccomp listener, kills the process group while its leader is unreaped (its
         pgid cannot be reused), then reaps it. Bubblewrap exits with 128 + the signal that killed
         the program: read as that signal."""
-        fd = os.pidfd_open(proc.pid)
-        ready = False
         try:
-            while not ready:
+            fd = os.pidfd_open(proc.pid)
+        except OSError:  # no pidfd (gVisor of 2022): poll for the exit instead, without reaping
+            ready = _poll_exit(proc.pid, start + wall_s)
+            fd = None
+        else:
+            ready = False
+        try:
+            while not ready and fd is not None:
                 watch = [fd] + ([self.listener.fd] if self.listener is not None and self.listener.fd is not None else [])
                 left = start + wall_s - time.monotonic()
                 if left <= 0:
@@ -256,7 +267,8 @@ class Child:
                     self.listener.close()
                     self.listener = None
         finally:
-            os.close(fd)
+            if fd is not None:
+                os.close(fd)
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except OSError:
@@ -388,6 +400,20 @@ class Child:
                 return True
             time.sleep(0.005)
         return False
+
+
+def _poll_exit(pid, deadline):
+    """Whether `pid` exited before `deadline` (monotonic), without reaping it."""
+    delay = 0.001
+    while True:
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        if info is not None and info.si_pid == pid:
+            return True
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        time.sleep(min(delay, left))
+        delay = min(delay * 2, 0.02)
 
 
 def _kill_all():
