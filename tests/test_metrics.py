@@ -73,7 +73,8 @@ def test_the_record_holds_every_figure_of_the_step_under_its_namespace(run: Run)
     record = metrics.step_metrics(run, 0)
     assert FIXED_KEYS <= set(record)
     assert {"train/loss", "train/beta_mean", "train/beta_min", "train/beta_max", "train/kl", "train/seconds"} <= set(record)
-    assert all(k.split("/")[0] in {"reward", "archive", "tokens", "train", "time", "problem"} for k in record)
+    assert all(k.split("/")[0] in {"reward", "archive", "tokens", "train", "time", "problem", "sandbox"} for k in record)
+    assert record["sandbox/unisolated"] == 0.0  # the toy run's configuration leaves sandbox.isolation standard
     assert all(v is None or isinstance(v, float) for v in record.values())
 
     evaluations = read_evaluations(layout.evaluations(0))
@@ -166,3 +167,12 @@ def test_publish_step_writes_the_records_before_the_artifacts(run: Run, monkeypa
     assert [r["step"] for r in rows] == [0, 1, 2]
     assert len({tuple(r) for r in rows}) == 1  # one set of columns; None where a step lacks a figure
     assert rows[2]["train/loss"] is None and rows[0]["reward/best"] == json.loads(metrics.metrics_path(run, 0).read_text())["reward/best"]
+
+
+def test_a_run_without_isolation_says_so_in_every_record(run: Run) -> None:
+    import yaml
+
+    config = yaml.safe_load(run.layout.config.read_text())
+    config["sandbox"]["isolation"] = "none"  # asked for by name (docs/sandbox.md): trusted programs only
+    run.layout.config.write_text(yaml.safe_dump(config))
+    assert metrics.step_metrics(Run.open(run.layout.root), 0)["sandbox/unisolated"] == 1.0
