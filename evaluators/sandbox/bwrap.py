@@ -18,6 +18,7 @@ import subprocess
 
 from evaluators.sandbox.view import SYSTEM_PATH, View
 
+TASKS = 2  # bubblewrap's own processes beside the sandboxed one (its monitor, the PID namespace's init): room in a cgroup's task limit
 BWRAP_ENV = "DISCOVER_BWRAP"  # a bwrap binary to use instead of the one on PATH
 INSTALL_HINT = "install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap; Fedora: dnf install bubblewrap)"
 

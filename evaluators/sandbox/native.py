@@ -60,13 +60,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from evaluators.sandbox import bwrap
+
 RUNNER = Path(__file__).with_name("native_runner.py")
 # The AtCoder command line of docs/method.md §5b ({src} and {out} are filled in by the runner).
 COMPILE_COMMAND = ("g++", "-std=gnu++20", "-O2", "-DONLINE_JUDGE", "-DATCODER", "-o", "{out}", "{src}")
 BACKSTOP_S = 20.0  # the host gives up on a runner this long after its own limit should have ended a job
 CASE_HEADROOM_MB = 64  # a case's cgroup: its memory limit plus this (page cache of its output)
 COMPILE_TASKS = 64  # tasks of the compiler's tree (g++, cc1plus, as, ld)
-EXTRA_TASKS = 3  # bubblewrap's monitor and the namespace's init, and the launcher's start, beside the program
 CASE_TMPFS_MB = 512  # each scratch tmpfs of the compiler or a case under the process backend (charged to its cgroup)
 ALLOCATION_FAILED = ("std::bad_alloc", "Cannot allocate memory", "memory exhausted", "out of memory")
 
@@ -465,7 +466,7 @@ class LocalSession:
         if "source" not in setup or self.layout is None:
             self._send({**setup, **self.common})
             return self._counted(self.reader.read(timeout))
-        with self._cgroup(self.limits.compile_memory_mb, COMPILE_TASKS + EXTRA_TASKS) as group:  # the compiler's tree too
+        with self._cgroup(self.limits.compile_memory_mb, COMPILE_TASKS + bwrap.TASKS) as group:  # the compiler's tree too
             self._send({**setup, **self.common, "cgroup_procs": group.procs_files})
             return self._counted(self.reader.read(timeout))
 
@@ -473,7 +474,7 @@ class LocalSession:
         if self.layout is None:
             self._send({"kind": "case", "index": index, "input": text})
             return self._counted(self.reader.read(timeout))
-        with self._cgroup(self.limits.memory_mb + CASE_HEADROOM_MB, self.limits.max_processes + EXTRA_TASKS) as group:
+        with self._cgroup(self.limits.memory_mb + CASE_HEADROOM_MB, self.limits.max_processes + bwrap.TASKS) as group:
             self._send({"kind": "case", "index": index, "input": text, "cgroup_procs": group.procs_files})
             raw = self._counted(self.reader.read(timeout))
             group.kill()  # anything the runner could not find (it kills by uid or marker)

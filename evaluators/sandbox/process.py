@@ -49,7 +49,6 @@ HARNESS = Path(__file__).with_name("harness.py")
 LAUNCHER = Path(__file__).with_name("confine.py")
 ALLOW_ENV = "DISCOVER_ALLOW_UNBOUNDED_PROCESS_TREE"  # "1": the config switch, for processes that read no config
 ISOLATIONS = ("standard", "gvisor", "none")  # sandbox.isolation (docs/sandbox.md)
-EXTRA_TASKS = 3  # bubblewrap's own processes (the monitor, the namespace's init) and the shell that joins the cgroup
 SETUP_TIMEOUT_S = 120.0  # for the sandbox to be set up, before the candidate's own clock starts
 STATUS_FD, OUTPUT_FD = 3, 4  # the launcher's channel and the return value, inside the sandbox
 UNISOLATED_NOTE = (
@@ -298,7 +297,7 @@ class ProcessSandbox:
                 else:
                     argv = inner
                 if self.layout is not None:
-                    group = RunCgroup(self.layout, limits.memory_mb, limits.max_processes + EXTRA_TASKS, cpus=max(1, limits.cpus))
+                    group = RunCgroup(self.layout, limits.memory_mb, limits.max_processes + bwrap.TASKS, cpus=max(1, limits.cpus))
                     argv = ["/bin/sh", "-c", JOIN_CGROUP, "sh", *group.procs_files, "--", *argv]
                 try:
                     proc = subprocess.Popen(
