@@ -29,7 +29,6 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -54,26 +53,33 @@ PROGRAMS = {
 CASES = 20
 TRIVIAL_CPP = '#include <cstdio>\nint main() { int n; if (scanf("%d", &n) == 1) printf("%d\\n", 2 * n); }\n'
 
-# Runs in a process of its own with a revision's code first on the import path: times that
-# revision's process backend on the workloads above and prints them as JSON.
+# Runs in a process of its own with a revision's code first on the import path (this tree's, or
+# the baseline's worktree): times one column's sandboxes on the workloads above, prints JSON.
 DRIVER = """
 import json, statistics, sys, time
 from evaluators.math.erdos import ErdosProblem
 from evaluators.sandbox import ProcessSandbox, SandboxLimits
 from evaluators.sandbox.native import NativeLimits
 
-programs, cpp, cases, repeats = json.loads(sys.argv[1])
+column, programs, cpp, cases, repeats = json.loads(sys.argv[1])
+if column in ("before", "bwrap"):
+    python_box = native_box = ProcessSandbox()
+elif column == "bare":
+    python_box = native_box = ProcessSandbox(isolation="none")
+else:
+    from evaluators.sandbox.docker import DockerSandbox
+    python_box = DockerSandbox(image="python-math", concurrency=1, gvisor=column == "gvisor")
+    native_box = DockerSandbox(image="cpp20", concurrency=1, gvisor=column == "gvisor")
 limits = SandboxLimits(timeout_s=30.0, memory_mb=1024, cpus=1)
 problem = ErdosProblem(timeout_s=30.0, memory_mb=1024, cpus=1)
-box = ProcessSandbox()
 
 def through(program):
-    run = box.run(program, "construct", None, limits)
+    run = python_box.run(program, "construct", None, limits)
     assert run.ok, run.reason
     return problem.verify(run.output).reward
 
 def measure(fn):
-    fn()
+    fn()  # warm-up (imports, a pool's first container)
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -83,76 +89,45 @@ def measure(fn):
 
 def timed(n):
     start = time.perf_counter()
-    run = box.run_native(cpp, [(i, f"{i}\\n") for i in range(n)], NativeLimits(parallel=1))
+    run = native_box.run_native(cpp, [(i, f"{i}\\n") for i in range(n)], NativeLimits(parallel=1))
     assert run.compiled and all(c.status == "OK" for c in run.cases), run
     return time.perf_counter() - start
 
 out = {label: measure(lambda: through(program)) for label, program in programs.items()}
 timed(1)
 out["case"] = (timed(cases) - timed(1)) / (cases - 1)
+for box in {id(python_box): python_box, id(native_box): native_box}.values():
+    getattr(box, "close", lambda: None)()
 print(json.dumps(out))
 """
 
 
-def new_backends(skip_docker: bool) -> tuple[dict, dict[str, str]]:
-    """{column: sandbox for Python runs, sandbox for compiled programs} of today's code, and the
-    columns left out with why."""
-    from evaluators.sandbox import ProcessSandbox, docker_unavailable
+def missing_columns(skip_docker: bool) -> dict[str, str]:
+    """The columns of today's code that cannot run here, with why."""
+    from evaluators.sandbox import docker_unavailable
 
-    boxes = {"bare": (ProcessSandbox(isolation="none"),) * 2, "bwrap": (ProcessSandbox(),) * 2}
-    missing: dict[str, str] = {}
     why = "--skip-docker" if skip_docker else docker_unavailable("python-math") or docker_unavailable("cpp20")
     if why:
-        missing["docker"] = missing["gvisor"] = why
-        return boxes, missing
-    from evaluators.sandbox.docker import DockerSandbox
+        return {"docker": why, "gvisor": why}
     from evaluators.sandbox.docker_engine import gvisor_missing
 
-    boxes["docker"] = (DockerSandbox(image="python-math", concurrency=1), DockerSandbox(image="cpp20", concurrency=1))
     why = gvisor_missing()
-    if why:
-        missing["gvisor"] = why
-    else:
-        boxes["gvisor"] = (
-            DockerSandbox(image="python-math", concurrency=1, gvisor=True),
-            DockerSandbox(image="cpp20", concurrency=1, gvisor=True),
-        )
-    return boxes, missing
+    return {"gvisor": why} if why else {}
 
 
-def measure(fn, repeats: int) -> float:
-    fn()  # warm-up (imports, a pool's first container)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.mean(times)
-
-
-def time_box(python_box, native_box, repeats: int) -> dict[str, float]:
-    from evaluators.math.erdos import ErdosProblem
-    from evaluators.sandbox import SandboxLimits
-    from evaluators.sandbox.native import NativeLimits
-
-    limits = SandboxLimits(timeout_s=30.0, memory_mb=1024, cpus=1)
-    problem = ErdosProblem(timeout_s=30.0, memory_mb=1024, cpus=1)
-
-    def through(program: str) -> float:
-        run = python_box.run(program, "construct", None, limits)
-        assert run.ok, run.reason
-        return problem.verify(run.output).reward
-
-    def timed(n: int) -> float:
-        start = time.perf_counter()
-        run = native_box.run_native(TRIVIAL_CPP, [(i, f"{i}\n") for i in range(n)], NativeLimits(parallel=1))
-        assert run.compiled and all(c.status == "OK" for c in run.cases), run
-        return time.perf_counter() - start
-
-    out = {label: measure(lambda: through(program), repeats) for label, program in PROGRAMS.items()}  # noqa: B023 (called at once)
-    timed(1)
-    out["case"] = (timed(CASES) - timed(1)) / (CASES - 1)
-    return out
+def time_column(column: str, tree: Path, repeats: int) -> dict[str, float]:
+    """The workloads under `column`'s sandboxes, with `tree`'s code, in a process of its own."""
+    done = subprocess.run(
+        [sys.executable, "-c", DRIVER, json.dumps([column, PROGRAMS, TRIVIAL_CPP, CASES, repeats])],
+        cwd=tree,
+        env={**os.environ, "PYTHONPATH": str(tree)},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"the {column} column failed: {done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def time_revision(rev: str, repeats: int) -> dict[str, float]:
@@ -160,17 +135,7 @@ def time_revision(rev: str, repeats: int) -> dict[str, float]:
     where = Path(tempfile.mkdtemp(prefix="discover-baseline-"))
     subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(where / "tree"), rev], check=True, capture_output=True)
     try:
-        done = subprocess.run(
-            [sys.executable, "-c", DRIVER, json.dumps([PROGRAMS, TRIVIAL_CPP, CASES, repeats])],
-            cwd=where / "tree",
-            env={**os.environ, "PYTHONPATH": str(where / "tree")},
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if done.returncode != 0:
-            raise RuntimeError(f"revision {rev}'s process backend failed: {done.stderr[-2000:]}")
-        return json.loads(done.stdout.strip().splitlines()[-1])
+        return time_column("before", where / "tree", repeats)
     finally:
         subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(where / "tree")], check=False, capture_output=True)
 
@@ -196,21 +161,14 @@ def main() -> int:
     parser.add_argument("--skip-docker", action="store_true", help="leave the docker and gvisor columns out")
     parser.add_argument("--out", type=Path, help="write sandbox_overhead.json and .md into this directory")
     args = parser.parse_args()
-    boxes, missing = new_backends(args.skip_docker)
+    missing = missing_columns(args.skip_docker)
     results: dict[str, dict[str, float]] = {}
     started = time.time()
     for column in ("bare", "before", "bwrap", "docker", "gvisor"):
-        if column == "before":
-            if args.baseline:
-                print(f"timing {column} ({args.baseline}) ...", file=sys.stderr, flush=True)
-                results[column] = time_revision(args.baseline, args.repeats)
+        if column in missing or (column == "before" and not args.baseline):
             continue
-        if column in boxes:
-            print(f"timing {column} ...", file=sys.stderr, flush=True)
-            results[column] = time_box(*boxes[column], args.repeats)
-    for python_box, native_box in boxes.values():
-        for box in {id(python_box): python_box, id(native_box): native_box}.values():
-            getattr(box, "close", lambda: None)()
+        print(f"timing {column} ...", file=sys.stderr, flush=True)
+        results[column] = time_revision(args.baseline, args.repeats) if column == "before" else time_column(column, REPO, args.repeats)
     load = os.getloadavg()[0]
     text = table(results)
     notes = [f"{c}: left out ({why})" for c, why in missing.items()]
