@@ -31,6 +31,9 @@ def main() -> int:
     parser.add_argument("kernels", nargs="*", type=Path, help="kernel files to time beside the reference and the initial kernel")
     parser.add_argument("--repeats", type=int, default=5, help="timings of the initial kernel for the spread")
     parser.add_argument("--sandbox", default="auto", choices=("auto", "docker", "process"))
+    parser.add_argument(
+        "--isolation", default="standard", choices=("standard", "gvisor", "none"), help="sandbox.isolation (docs/sandbox.md)"
+    )
     args = parser.parse_args()
     gpus = local_gpus()
     if not gpus:
@@ -40,7 +43,7 @@ def main() -> int:
         )
         return 0
     problem = TriMulProblem(device="cuda")
-    box = sandbox_for(problem, args.sandbox, 1)
+    box = sandbox_for(problem, args.sandbox, 1, isolation=args.isolation)
     print(f"GPUs: {', '.join(g.name for g in gpus)}; sandbox {box.name}")
     published = SHAPES["leaderboard_us"]["H100"]
     entries = [("reference (float32, TF32 off)", REFERENCE, False), ("initial kernel", INITIAL_KERNEL, True)]
