@@ -192,7 +192,8 @@ SANDBOX_ENV = {
     "MKL_NUM_THREADS",
     "NUMEXPR_NUM_THREADS",
     "DISCOVER_DATA",
-    "DISCOVER_SANDBOX_RUN",
+    "DISCOVER_OUTPUT_FD",  # the harness's descriptor for the value (process backend)
+    "PWD",  # bubblewrap's, of its working directory
     "LC_CTYPE",
 }
 

@@ -570,13 +570,15 @@ def test_values_that_are_not_counts_are_refused(problem, case) -> None:
     assert says in verdict.reason, verdict.reason
 
 
-# A candidate that writes output.json itself (it runs in the driver's process) and leaves.
+# A candidate that writes the return value itself (it runs in the driver's process: to the
+# descriptor the harness names, else output.json) and leaves.
 WRITES_ITS_OWN = r"""
 import base64, json, os, sys
 
 def magic_denoise(X, **kwargs):
     raw = base64.b64decode({raw!r})
-    with open("output.json", "w") as f:
+    fd = os.environ.get("DISCOVER_OUTPUT_FD")
+    with (os.fdopen(int(fd), "w") if fd else open("output.json", "w")) as f:
         json.dump({{"npy": base64.b64encode(raw).decode()}}, f)
     sys.stdout.flush()
     os._exit(0)
@@ -633,7 +635,8 @@ def test_in_the_process_sandbox_a_reader_finds_nothing(problem, honest, boxes) -
     """scanpy's copy of the dataset is empty in the bio view and no other copy is there: the reader
     scores no better than an honest method (issue 36; before, the problem refused this backend)."""
     verdict = _evaluate(problem.with_limits(timeout_s=300.0), READER, boxes("process"))
-    assert "scanpy's copy unavailable" in verdict.observation and "reader: found" not in verdict.observation, verdict.observation
+    # it may find the file's name (an empty file in the view, in place of scanpy's copy), not its counts
+    assert "scanpy's copy unavailable" in verdict.observation, verdict.observation
     assert verdict.reward <= honest
 
 

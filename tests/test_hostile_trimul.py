@@ -114,13 +114,13 @@ def _judge(verdicts: dict[str, EvalResult], names) -> None:
 
 @pytest.mark.slow
 def test_past_the_rules_no_attack_beats_the_honest_kernel_on_the_process_backend() -> None:
-    verdicts = _evaluate_all(ProcessSandbox(), _with_honest({k: v[0] for k, v in ATTACKS.items()}))
+    verdicts = _evaluate_all(ProcessSandbox(image="gpu"), _with_honest({k: v[0] for k, v in ATTACKS.items()}))
     _judge(verdicts, ATTACKS)
 
 
 @pytest.mark.slow
 def test_the_initial_kernel_is_timed_by_the_cpu_clock() -> None:
-    v = PROBLEM.run_checks(INITIAL_KERNEL, ProcessSandbox())
+    v = PROBLEM.run_checks(INITIAL_KERNEL, ProcessSandbox(image="gpu"))
     assert v.reason.startswith(PASSED), v.reason + v.observation[-2000:]
     assert v.metrics["cpu_best_us"] > 0 and v.metrics["cpu_mean_us"] >= v.metrics["cpu_best_us"]
 

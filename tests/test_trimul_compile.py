@@ -39,7 +39,7 @@ print(json.dumps({"error": report.get("error"), "rejected": report.get("rejected
 
 
 def test_an_honest_torch_compile_kernel_is_checked_and_timed_on_the_process_backend() -> None:
-    v = PROBLEM.run_checks(TORCH_COMPILE, ProcessSandbox())  # the rules read first: it keeps them
+    v = PROBLEM.run_checks(TORCH_COMPILE, ProcessSandbox(image="gpu"))  # the rules read first: it keeps them
     assert v.reason.startswith("correct on the CPU check (4 calls"), v.reason + v.observation[-3000:]
     assert v.metrics["cpu_best_us"] > 0 and v.metrics["cpu_mean_us"] >= v.metrics["cpu_best_us"]
     assert not v.valid and v.reward == 0.0  # no reward without a GPU (tests/test_trimul_gpu.py on one)

@@ -371,9 +371,9 @@ def test_each_sandbox_run_sees_only_the_gpu_it_names() -> None:
 
     limits = SandboxLimits(timeout_s=60)
     show = "import os\ndef show(a):\n    return os.environ.get('CUDA_VISIBLE_DEVICES')\n"
-    assert ProcessSandbox().run(show, "show", None, limits, device="2").output == "2"
-    assert ProcessSandbox().run(show, "show", None, limits, device="cpu").output == ""
-    assert ProcessSandbox().run(show, "show", None, limits).output is None  # the default: unchanged
+    assert ProcessSandbox(image="gpu").run(show, "show", None, limits, device="2").output == "2"
+    assert ProcessSandbox(image="gpu").run(show, "show", None, limits, device="cpu").output == ""
+    assert ProcessSandbox(image="gpu").run(show, "show", None, limits).output is None  # the default: unchanged
     if docker_unavailable("python-math"):
         pytest.skip("no Docker engine or python-math image: the docker half is not checked here")
     from evaluators.sandbox.docker import DockerSandbox
