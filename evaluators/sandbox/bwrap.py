@@ -16,7 +16,7 @@ import os
 import shutil
 import subprocess
 
-from evaluators.sandbox.view import SYSTEM_PATH, View
+from evaluators.sandbox.view import ELF_INTERPRETERS, LIBRARY_DIRS, SYSTEM_PATH, View
 
 TASKS = 2  # bubblewrap's own processes beside the sandboxed one (its monitor, the PID namespace's init): room in a cgroup's task limit
 BWRAP_ENV = "DISCOVER_BWRAP"  # a bwrap binary to use instead of the one on PATH
@@ -86,7 +86,7 @@ def problem() -> str:
         return f"bubblewrap (bwrap) is not installed: {INSTALL_HINT}"
     view = View()
     view.expose("/usr/bin/true")
-    for path in ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/lib64", "/usr/lib64", "/lib"):
+    for path in (*LIBRARY_DIRS, *ELF_INTERPRETERS):
         view.expose(path)
     argv, fds = command(view, "/")
     try:

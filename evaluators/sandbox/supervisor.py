@@ -94,7 +94,6 @@ class Channel:
         self.host, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self.child_fd = child.detach()
         os.set_inheritable(self.child_fd, True)
-        self.report = None
 
     def after_spawn(self):
         """The host's copy of the sandbox's end goes once the sandbox holds it."""
@@ -102,7 +101,7 @@ class Channel:
             os.close(self.child_fd)
             self.child_fd = None
 
-    def wait_ready(self, timeout, alive=None):
+    def wait_ready(self, timeout):
         """The launcher's report, with its listener (or None); SetupFailed when it failed or the
         sandbox ended (or `timeout` passed) before it reported."""
         self.after_spawn()
@@ -112,11 +111,9 @@ class Channel:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise SetupFailed("the sandbox did not start within %g s" % timeout)
-            ready, _, _ = select.select([self.host], [], [], min(remaining, 0.5))
+            ready, _, _ = select.select([self.host], [], [], remaining)
             if not ready:
-                if alive is not None and not alive():
-                    continue  # the sandbox ended: what it wrote is still readable, then EOF
-                continue
+                continue  # the deadline passed: said above
             chunk, got, _, _ = socket.recv_fds(self.host, 65536, 1)
             fds += got
             if not chunk:
@@ -131,7 +128,6 @@ class Channel:
                 os.close(fd)
             why = report.get("why") if isinstance(report, dict) else None
             raise SetupFailed(why or "the sandbox ended before its launcher ran")
-        self.report = report
         return report, (fds[0] if fds else None)
 
     def close(self):

@@ -34,19 +34,26 @@ PROFILES: dict[str, frozenset[str]] = {
     "program": frozenset(PROGRAM) | frozenset(LAUNCHER),
 }
 MODES = ("notify", "errno", "learn")  # denied calls go to the host / fail with EPERM / all are let through and written down
-CONDITIONAL = ("clone", "clone3", "socket", "personality")  # allowed with some arguments only (_conditions)
 NAMESPACE_FLAGS = 0x00020000 | 0x04000000 | 0x08000000 | 0x20000000 | 0x40000000 | 0x10000000 | 0x02000000 | 0x00000080
 SOCKET_FAMILIES = (1, 2, 10)  # AF_UNIX, AF_INET, AF_INET6
 PERSONALITY_QUERY = 0xFFFFFFFF
+# The calls allowed with some arguments only (module docstring), one rule a row: (call, errno to
+# answer or None to allow, (operator, first argument's value, mask or 0) or None); the libseccomp
+# filter (`bpf`) and Docker's profile (`docker_profile`) are both built from it.
+CONDITIONS: tuple[tuple[str, int | None, tuple[str, int, int] | None], ...] = (
+    ("clone", None, ("MASKED_EQ", NAMESPACE_FLAGS, 0)),
+    ("clone3", errno.ENOSYS, None),
+    *(("socket", None, ("EQ", family, 0)) for family in SOCKET_FAMILIES),
+    ("personality", None, ("EQ", PERSONALITY_QUERY, 0)),
+)
+CONDITIONAL = tuple(sorted({row[0] for row in CONDITIONS}))
 
 
 def _conditions(seccomp, f, allow: int) -> None:
-    """The calls allowed only with some arguments (module docstring)."""
-    f.add_rule(allow, "clone", seccomp.Arg(0, seccomp.MASKED_EQ, NAMESPACE_FLAGS, 0))
-    f.add_rule(seccomp.ERRNO(errno.ENOSYS), "clone3")
-    for family in SOCKET_FAMILIES:
-        f.add_rule(allow, "socket", seccomp.Arg(0, seccomp.EQ, family))
-    f.add_rule(allow, "personality", seccomp.Arg(0, seccomp.EQ, PERSONALITY_QUERY))
+    """CONDITIONS as libseccomp rules of filter `f`."""
+    for call, answer, cmp in CONDITIONS:
+        args = [] if cmp is None else [seccomp.Arg(0, getattr(seccomp, cmp[0]), cmp[1], cmp[2])]
+        f.add_rule(allow if answer is None else seccomp.ERRNO(answer), call, *args)
 
 
 @functools.cache
@@ -120,19 +127,13 @@ def docker_profile(kinds: tuple[str, ...]) -> str:
         allowed |= PROFILES[kind]
     arch = DOCKER_ARCH.get(platform.machine())
     rules: list[dict] = [{"names": sorted(allowed - set(CONDITIONAL)), "action": "SCMP_ACT_ALLOW"}]
-    rules.append(
-        {
-            "names": ["clone"],
-            "action": "SCMP_ACT_ALLOW",
-            "args": [{"index": 0, "value": NAMESPACE_FLAGS, "valueTwo": 0, "op": "SCMP_CMP_MASKED_EQ"}],
-        }
-    )
-    rules.append({"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": errno.ENOSYS})
-    for family in SOCKET_FAMILIES:
-        rules.append({"names": ["socket"], "action": "SCMP_ACT_ALLOW", "args": [{"index": 0, "value": family, "op": "SCMP_CMP_EQ"}]})
-    rules.append(
-        {"names": ["personality"], "action": "SCMP_ACT_ALLOW", "args": [{"index": 0, "value": PERSONALITY_QUERY, "op": "SCMP_CMP_EQ"}]}
-    )
+    for call, answer, cmp in CONDITIONS:
+        rule: dict = {"names": [call], "action": "SCMP_ACT_ALLOW" if answer is None else "SCMP_ACT_ERRNO"}
+        if answer is not None:
+            rule["errnoRet"] = answer
+        if cmp is not None:
+            rule["args"] = [{"index": 0, "value": cmp[1], "valueTwo": cmp[2], "op": f"SCMP_CMP_{cmp[0]}"}]
+        rules.append(rule)
     profile = {"defaultAction": "SCMP_ACT_ERRNO", "defaultErrnoRet": errno.EPERM, "syscalls": rules}
     if arch is not None:
         profile["architectures"] = [arch]

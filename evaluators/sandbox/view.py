@@ -138,10 +138,6 @@ class View:
         """An empty, read-only file in place of `target` (a file inside a bound directory)."""
         self.mounts.append(Mount("file", target, "", mode=0o444))
 
-    def paths(self) -> list[str]:
-        """Every target, in order (for tests and the docs' table)."""
-        return [m.target for m in self.mounts]
-
 
 def _links_on(path: str, depth: int = 0) -> list[tuple[str, str]]:
     """(link, its text) for each symbolic link met while resolving `path`, targets' links included."""
@@ -188,9 +184,8 @@ def interpreter_paths() -> list[str]:
         for name in os.listdir(libdir) if os.path.isdir(libdir) else []:
             if name.startswith(library):
                 paths.add(os.path.join(libdir, name))
-    stdlib = sysconfig.get_paths()["stdlib"]
+    zipped, stdlib, _ = stdlib_path()  # lib-dynload lies in the standard library's directory
     paths.add(stdlib)
-    zipped = os.path.join(os.path.dirname(stdlib), f"python{sys.version_info[0]}{sys.version_info[1]}.zip")
     if os.path.exists(zipped):
         paths.add(zipped)
     return sorted(paths)
