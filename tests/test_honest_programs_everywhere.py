@@ -1,6 +1,6 @@
 """Honest programs keep their rewards under every backend (issue 36, Must show 2): the published
 records returned by a program, a contest-style AHC058 program (random_device, clocks, a thread) and,
-under gVisor, denoising's MAGIC seed, on the process backend (bubblewrap and the seccomp
+under gVisor, denoising's MAGIC seed (against the same program run outside any sandbox), on the process backend (bubblewrap and the seccomp
 allow-lists), Docker (runc, the allow-list as its profile) and Docker under gVisor. The process
 backend's and Docker's runs of the denoising seed, TriMul's kernels and torch.compile are in their
 own suites (tests/test_denoising_sandbox.py, tests/test_trimul_cpu.py, tests/test_trimul_compile.py).
@@ -69,13 +69,17 @@ def test_a_contest_style_ahc058_program_scores_as_it_should(cpp_boxes, backend: 
 
 def test_the_magic_seed_keeps_its_reward_under_gvisor() -> None:
     from evaluators.bio.denoising.problem import program
+    from evaluators.bio.denoising.report import run_program
     from evaluators.sandbox.docker import DockerSandbox
 
     unavailable_outside_ci("bio", gvisor=True)
     problem = get_problem("denoising")
+    # the same program run in this process, on this machine (no figure recorded on another CPU)
+    outside = problem.score_output(run_program("magic", problem.prepared().split))
     box = DockerSandbox(image="bio", concurrency=1, gvisor=True)
     try:
         result = problem.with_limits(timeout_s=600.0).evaluate(program("magic"), None, box)
     finally:
         box.close()
-    assert result.valid and result.reward == pytest.approx(0.3157, abs=5e-4), (result.reason, result.observation[-500:])
+    assert outside.valid and result.valid, (outside.reason, result.reason, result.observation[-500:])
+    assert result.reward == pytest.approx(outside.reward, rel=0.01)
