@@ -69,10 +69,12 @@ def resume(
     run = _open_run(run_dir)
     if redo_from is not None:
         from discover.run import RunDirError
+        from storage.lease import RunBusy, acquire, this_process
 
         try:
-            moved = run.redo_from(redo_from)
-        except RunDirError as err:
+            with acquire(run.root, this_process(command=f"discover resume --redo-from {redo_from}")):  # nobody else writes meanwhile
+                moved = run.redo_from(redo_from)
+        except (RunDirError, RunBusy) as err:
             fail(str(err))
         typer.echo(f"recomputing {run_dir} from step {redo_from}; its earlier outputs are in {moved}", err=True)
     _run_flow(str(run_dir))
@@ -94,6 +96,8 @@ def _run_flow(run_dir: str) -> None:
     from cli.prefect_api import ensure_prefect_api
     from discover.run import RunDirError
     from flows.run_flow import discovery_run
+    from flows.writer import RunCancelled
+    from storage.lease import RunBusy
 
     try:
         ensure_prefect_api()  # Prefect's temporary server, unless PREFECT_API_URL names one
@@ -101,7 +105,7 @@ def _run_flow(run_dir: str) -> None:
         fail(f"{err} Set PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS higher, or PREFECT_API_URL to a running Prefect server.")
     try:
         result = discovery_run(run_dir=run_dir)
-    except (RunDirError, ValueError) as err:  # a run directory or problem option that cannot work
+    except (RunDirError, ValueError, RunBusy, RunCancelled) as err:  # a run that cannot work as asked, another writer, a cancel
         fail(str(err))
     typer.echo(f"best state {result['best_state']}: reward {result['best_reward']:.6f}  (run directory: {run_dir})")
     typer.echo(f"summary: discover status {run_dir}")

@@ -3,7 +3,9 @@
 The flow run is named after the run directory and tagged with the run (flows/naming.py); the
 project's log lines go to its logs (flows/logs.py). Each attempt is recorded, and a restart that
 would repeat attempts without progress stops (flows/recovery.py); an earlier flow run of the same
-run still marked RUNNING (its worker died) is cancelled as superseded.
+run still marked RUNNING (its worker died) is cancelled as superseded. All of it happens while the
+flow run holds the run directory's lease (flows/writer.py): a second process of the run never
+writes, and never supersedes a live one.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from flows.naming import discovery_run_name, run_tag
 from flows.recovery import end_superseded_runs, guard_restarts
 from flows.replicas import generation_replicas
 from flows.step_flow import run_step
+from flows.writer import writer_lease
 
 log = logging.getLogger("discover")
 
@@ -63,19 +66,20 @@ def discovery_run(run_dir: str | None = None, config: RunConfig | None = None, c
     """
     forward_project_logs()
     run = Run.open(_run_dir(run_dir, config, config_path))
-    _take_over(run)
-    tasks.initialise(run)  # also on resume: a run killed while initialising finishes it first
-    start, steps_ = run.finished_steps(), run.config.steps
-    if start:
-        log.info("resuming %s at step %d of %d", run.root, start, steps_)
-    if start < steps_:
-        # a local cluster lives as long as the run; Ray, when used, is connected once for the evaluation and the replicas
-        with ray_connection(run), evaluation_engine(run) as task_runner, generation_replicas(run):
-            for step in range(start, steps_):
-                log.info("step %d/%d", step + 1, steps_)
-                run_step(run, step, task_runner())
-                _quietly(artifacts.publish_step, run, step)
-    report = _quietly(artifacts.publish_report, run)
+    with writer_lease(run):  # the run's one writer from here on (flows/writer.py), before any other flow run is touched
+        _take_over(run)
+        tasks.initialise(run)  # also on resume: a run killed while initialising finishes it first
+        start, steps_ = run.finished_steps(), run.config.steps
+        if start:
+            log.info("resuming %s at step %d of %d", run.root, start, steps_)
+        if start < steps_:
+            # a local cluster lives as long as the run; Ray, when used, is connected once for the evaluation and the replicas
+            with ray_connection(run), evaluation_engine(run) as task_runner, generation_replicas(run):
+                for step in range(start, steps_):
+                    log.info("step %d/%d", step + 1, steps_)
+                    run_step(run, step, task_runner())
+                    _quietly(artifacts.publish_step, run, step)
+        report = _quietly(artifacts.publish_report, run)
     best = steps.best_state(run)
     log.info("best state %s: reward %.6f", best.id, best.reward)
     return {"run_dir": str(run.root), "best_state": best.id, "best_reward": best.reward, "report": str(report) if report else None}

@@ -33,6 +33,7 @@ from flows.evaluation import step_evaluation
 from flows.logs import forward_project_logs
 from flows.naming import run_tag, step_run_name
 from flows.recovery import end_superseded_runs
+from flows.writer import at_task_boundary
 from storage.manifest import record_task, task_entry
 
 RESULT_STORAGE_ENV = "DISCOVER_RESULT_STORAGE"
@@ -69,6 +70,7 @@ def discovery_step(run_dir: str, step: int) -> dict[str, Ref]:
         if done is not None:
             log.info("step %d %s: finished before (manifest.json), not run again", step, t.name)
             return done
+        at_task_boundary(run, f"{t.name} of step {step}")  # a cancelled flow run stops here
         ref = t.with_options(result_storage=storage, result_serializer="json")(run, step, **kwargs)
         if task_entry(run.layout.manifest, step, t.name) is None:  # from Prefect's cache: finished, not executed now
             now = time.time()
@@ -113,7 +115,7 @@ def run_step(run: Run, step: int, task_runner: Any) -> dict[str, Ref]:
     return run_flow(flow_, flow_run=flow_run, parameters=parameters)  # type: ignore[return-value]
 
 
-# The task run that stands for a step's subflow in the run's flow run (Prefect's own subflow calls
-# make one the same way).
+# The task run that stands for a step's subflow in the run's flow run, created with the client's
+# public `create_task_run` and the step's own dynamic key (Prefect's subflow calls make one of the
+# same shape, keyed by call order).
 _STEP_TASK: Task[Any, Any] = Task(name=discovery_step.name, fn=discovery_step.fn)
-setattr(_STEP_TASK, "_is_subflow_tracking_task", True)  # noqa: B010 - Prefect's private marker, not a declared attribute
