@@ -1,4 +1,9 @@
-"""Atomic writes: every file of a run appears whole or not at all (docs/architecture.md, "Retry, cache, resume")."""
+"""Durable atomic writes, the only ones in the project: every file and folder of a run appears whole or
+not at all, and once written survives a power cut (docs/architecture.md, "Retry, cache, resume").
+
+Each writer puts its data under a temporary name in the destination's folder, flushes it to disk
+(fsync of the file, or of every file and folder of a folder), renames it over the destination and
+flushes the folder that holds the name, so the rename itself is on disk when the call returns."""
 
 from __future__ import annotations
 
@@ -29,6 +34,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        fsync_dir(path.parent)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -52,7 +58,9 @@ def atomic_path(path: Path) -> Iterator[Path]:
     os.close(fd)
     try:
         yield Path(tmp)
+        fsync_tree(Path(tmp))
         os.replace(tmp, path)
+        fsync_dir(path.parent)
     finally:
         Path(tmp).unlink(missing_ok=True)
 
@@ -66,16 +74,63 @@ def atomic_dir(path: Path) -> Iterator[Path]:
     tmp.chmod(DIR_MODE)
     try:
         yield tmp
+        tmp.chmod(DIR_MODE)  # a writer that replaced the folder's contents (copytree) may have changed it
+        fsync_tree(tmp)
         if path.exists():
-            old = path.with_name(f".{path.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(path, old)
+            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent))
+            os.replace(path, old / path.name)
             os.replace(tmp, path)
+            fsync_dir(path.parent)
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, path)
+            fsync_dir(path.parent)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextmanager
+def atomic_dir_once(path: Path) -> Iterator[Path]:
+    """`atomic_dir` for a folder that several processes may build at once and that never changes once
+    built (a cache): the first one renamed into place stays, a later one is discarded."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    try:
+        yield tmp
+        tmp.chmod(DIR_MODE)
+        fsync_tree(tmp)
+        try:
+            os.rename(tmp, path)  # refused when another process's folder is there already
+        except OSError:
+            if not path.is_dir():
+                raise
+        fsync_dir(path.parent)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def fsync_tree(path: Path) -> None:
+    """Flush a file, or every file and folder below a folder (the folder included), to disk."""
+    path = Path(path)
+    if path.is_file():
+        with open(path, "rb") as f:
+            os.fsync(f.fileno())
+        return
+    for folder, _, files in os.walk(path):
+        for name in files:
+            with open(os.path.join(folder, name), "rb") as f:
+                os.fsync(f.fileno())
+        fsync_dir(Path(folder))
+
+
+def fsync_dir(path: Path) -> None:
+    """Flush a folder's entries (names created, renamed or removed in it) to disk."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def content_hash(path: Path) -> str:

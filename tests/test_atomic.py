@@ -41,3 +41,51 @@ def test_atomic_dir_replaces_a_folder_whole_and_hashes_its_content(tmp_path: Pat
     (tmp_path / "ckpt" / "weights").write_text("3")
     assert content_hash(tmp_path / "ckpt") != before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+
+
+def test_writes_are_flushed_to_disk_files_folders_and_the_rename(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    import storage.atomic as atomic
+
+    synced: list[str] = []
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real(fd)
+
+    monkeypatch.setattr(atomic.os, "fsync", fsync)
+    with atomic_dir(tmp_path / "adapter") as tmp:
+        (tmp / "sub").mkdir()
+        (tmp / "sub" / "weights").write_text("w")
+        (tmp / "config.json").write_text("{}")
+    names = {Path(p).name for p in synced}
+    assert {"weights", "config.json", "sub"} <= names  # the files and the folders inside it, before the rename
+    assert str(tmp_path) in synced  # and the folder whose entry the rename changed, after it
+    synced.clear()
+    with atomic_path(tmp_path / "optimizer.pt") as tmp:
+        tmp.write_bytes(b"adam")
+    assert any(p.startswith(str(tmp_path / ".optimizer.pt.")) for p in synced) and str(tmp_path) in synced
+
+
+# Renames outside storage/atomic.py, each with why it cannot use it; anything else must.
+NOT_THROUGH_ATOMIC = {
+    "evaluators/sandbox/harness.py": "runs inside the sandbox, where the project is not importable",
+    "evaluators/bio/denoising/driver.py": "runs inside the sandbox, where the project is not importable",
+    "benchmarks/gpu_check.py": "runs on a lent GPU machine from the standard library alone",
+    "images/build.py": "a build cache's tarball, outside any run",
+}
+
+
+def test_every_atomic_write_of_the_project_goes_through_storage_atomic() -> None:
+    import re
+
+    root = Path(__file__).resolve().parents[1]
+    found = set()
+    for package in ("cli", "flows", "discover", "evaluators", "storage", "benchmarks", "images"):
+        for path in (root / package).rglob("*.py"):
+            rel = str(path.relative_to(root))
+            if rel != "storage/atomic.py" and re.search(r"os\.replace\(|os\.rename\(|\.rename\(|mkstemp\(", path.read_text()):
+                found.add(rel)
+    assert found == set(NOT_THROUGH_ATOMIC), f"use storage/atomic.py in {sorted(found - set(NOT_THROUGH_ATOMIC))}"

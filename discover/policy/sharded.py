@@ -28,11 +28,9 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 import socket
 import tempfile
-import uuid
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +41,7 @@ import torch
 from discover.config import ModelConfig, TrainConfig
 from discover.policy.base import Completion, Policy, TrainBatch
 from discover.policy.placement import pick_device
+from storage.atomic import atomic_dir, atomic_path
 
 if TYPE_CHECKING:  # torch.distributed and the trainer are imported in the ranks and on first use
     from discover.policy.trainer import LoRATrainer
@@ -323,19 +322,15 @@ class ShardedTrainer:
 
     def save(self, adapter_dir: Path, optimizer_path: Path | None = None) -> None:
         """Write the adapter (and Adam's state) atomically, in `LoRATrainer.save`'s format."""
-        from discover.policy.trainer import write_dir_atomically
-
         if self._adapter is None or self._optimizer is None:  # nothing trained here yet: as a LoRATrainer saves
             self._local_trainer().save(adapter_dir, optimizer_path)
             return
         adapter = self._adapter
-        write_dir_atomically(Path(adapter_dir), lambda tmp: shutil.copytree(adapter, tmp))
+        with atomic_dir(Path(adapter_dir)) as tmp:
+            shutil.copytree(adapter, tmp, dirs_exist_ok=True)
         if optimizer_path is not None:
-            optimizer_path = Path(optimizer_path)
-            optimizer_path.parent.mkdir(parents=True, exist_ok=True)
-            tmp_opt = optimizer_path.parent / f".{optimizer_path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-            shutil.copyfile(self._optimizer, tmp_opt)
-            os.replace(tmp_opt, optimizer_path)
+            with atomic_path(Path(optimizer_path)) as tmp_opt:
+                shutil.copyfile(self._optimizer, tmp_opt)
 
 
 def sharded_policy(policy: Policy, trainer: ShardedTrainer) -> Policy:

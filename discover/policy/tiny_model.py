@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import os
 import shutil
-import uuid
 from collections.abc import Callable
 from pathlib import Path
+
+from storage.atomic import atomic_dir_once
 
 TINY_MODEL_NAME = "tiny-gpt2-v2"
 SPECIAL_TOKEN = "<|endoftext|>"
@@ -163,21 +164,10 @@ def cached_model(name: str, build: Callable[[Path], Path]) -> Path:
     target = _cache_root() / "models" / name
     if _complete(target):
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.parent / f".{name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    try:
+    if target.exists() and not _complete(target):
+        shutil.rmtree(target, ignore_errors=True)  # a leftover of something that did not rename atomically
+    with atomic_dir_once(target) as tmp:
         build(tmp)
-        if target.exists() and not _complete(target):
-            # a leftover from something that was not us renaming atomically; replace it
-            shutil.rmtree(target, ignore_errors=True)
-        try:
-            os.rename(tmp, target)
-        except OSError:
-            if not _complete(target):  # the rename failed for another reason than a concurrent winner
-                raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return target
 
 

@@ -25,9 +25,6 @@
 from __future__ import annotations
 
 import math
-import os
-import shutil
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,6 +39,7 @@ from discover.policy.base import Completion, TrainBatch
 from discover.policy.packing import pack_by_tokens, padded_tokens
 from discover.policy.placement import training_devices
 from discover.policy.resident import load_base, resolve_model_path, share_weights_copy
+from storage.atomic import atomic_dir, atomic_path
 
 LOGIT_CHUNK_ELEMENTS = 2**27  # rows x vocabulary per chunk of the output layer (512 MiB in float32)
 
@@ -423,17 +421,15 @@ class LoRATrainer:
     def save(self, adapter_dir: Path, optimizer_path: Path | None = None) -> None:
         """Write the adapter (and the optimizer state) atomically: temp name first, then rename."""
         offload.unpark_all()
-        write_dir_atomically(Path(adapter_dir), lambda tmp: self.model.save_pretrained(str(tmp), safe_serialization=True))
+        with atomic_dir(Path(adapter_dir)) as tmp:
+            self.model.save_pretrained(str(tmp), safe_serialization=True)
         if optimizer_path is not None:
-            optimizer_path = Path(optimizer_path)
-            optimizer_path.parent.mkdir(parents=True, exist_ok=True)
             if self._optimizer is None:
                 state = torch.optim.Adam(self.lora_parameters()).state_dict()
             else:
                 state = self._optimizer.state_dict()
-            tmp_opt = optimizer_path.parent / f".{optimizer_path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-            torch.save(state, tmp_opt)
-            os.replace(tmp_opt, optimizer_path)
+            with atomic_path(Path(optimizer_path)) as tmp_opt:
+                torch.save(state, tmp_opt)
 
 
 def adapter_is_identity(adapter_dir: Path) -> bool:
@@ -444,26 +440,3 @@ def adapter_is_identity(adapter_dir: Path) -> bool:
 
     with safe_open(str(Path(adapter_dir) / "adapter_model.safetensors"), framework="pt") as f:
         return all(not f.get_tensor(k).any() for k in f.keys() if ".lora_B." in k)
-
-
-def write_dir_atomically(target: Path, fill) -> None:
-    """`fill(tmp)` writes a directory beside `target`, which then replaces `target` by renames:
-    a reader sees the old directory or the new one, never a half-written one."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.parent / f".{target.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    try:
-        fill(tmp)
-        _atomic_replace_dir(tmp, target)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _atomic_replace_dir(tmp: Path, target: Path) -> None:
-    old = None
-    if target.exists():
-        old = target.parent / f".{target.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        os.rename(target, old)
-    os.rename(tmp, target)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
