@@ -9,7 +9,7 @@ EXTRAS := --extra dev --extra bio --extra real-model --extra ray
 export UV_PROJECT_ENVIRONMENT := $(abspath $(VENV))
 export UV_LINK_MODE := copy
 
-.PHONY: setup demo test typecheck lint format lock clean-venv images test-images sandbox-tools gpu-check
+.PHONY: setup demo test typecheck lint format lock clean-venv images test-images sandbox-tools test-services gpu-check
 
 $(UV):
 	$(PYTHON) -m venv $(TOOLS)
@@ -43,6 +43,10 @@ test-images: setup
 sandbox-tools:
 	$(PYTHON) images/sandbox_tools.py $(if $(CI),--gvisor)
 
+# PostgreSQL's server from Debian's packages: tests/test_prefect_server.py runs Prefect on it.
+test-services:
+	$(PYTHON) images/postgres_server.py
+
 # Static type checking of the seams between the floors (files listed in pyproject.toml [tool.mypy]).
 typecheck: setup
 	$(VENV)/bin/mypy
@@ -56,8 +60,8 @@ format: setup
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-# The sandbox's tools, the images, lint and the type check, then every test (tests/test_imports.py runs import-linter's floor contracts).
-test: setup sandbox-tools test-images lint typecheck
+# The sandbox's tools, PostgreSQL, the images, lint and the type check, then every test (tests/test_imports.py runs import-linter's floor contracts).
+test: setup sandbox-tools test-services test-images lint typecheck
 	$(VENV)/bin/python -m pytest -q --durations=30
 
 # Every GPU test and benchmark in one go, one results file: benchmarks/results/gpu-<date>-<gpu>.json

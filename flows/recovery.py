@@ -10,8 +10,11 @@ Three parts, all Prefect's own means:
   `discover-crash-silent-runs` marks a flow run of this project CRASHED when no heartbeat came for
   `SILENCE_S` seconds (`discover setup --silence`) while it was running (its worker or its machine
   died: nothing else would tell the server), and `discover-restart-crashed-runs` schedules a
-  CRASHED `discovery-run` again; a worker of its pool picks it up, and the run resumes (a finished
-  task never runs again).
+  `discovery-run` that was reported CRASHED and showed no sign of life for RESTART_DELAY_S since
+  (no heartbeat, no new state), once per crash however many times it was reported. A worker of its
+  pool picks it up, and the run resumes (a finished task never runs again). Should a second attempt
+  start all the same, it finds the run directory's lease held by the live one and ends at once
+  (flows/writer.py).
 - **A guard against restarting for ever** (`guard_restarts`): an attempt of a flow run records
   how many tasks had finished when it started; when `MAX_RESTARTS_WITHOUT_PROGRESS` restarts in a
   row found no task finished since the attempt before, the attempt fails (FAILED, which no
@@ -37,6 +40,12 @@ log = logging.getLogger("discover")
 
 HEARTBEAT_S = 30  # PREFECT_FLOWS_HEARTBEAT_FREQUENCY of the discovery pools (Prefect's minimum is 30)
 SILENCE_S = 120  # no heartbeat for this long while RUNNING: the run's process is gone (`discover setup --silence`)
+# One death is often reported CRASHED twice: by the process that ran the flow and, 6-22 s later
+# (seen here), by its worker. Restarting on each report started two attempts, the second report
+# landing on the first restart. So the restart waits this long after a report and happens only if
+# the flow run showed no sign of life meanwhile; a later report finds the run CRASHED already, which
+# Prefect does not record again.
+RESTART_DELAY_S = 60
 MAX_RESTARTS_WITHOUT_PROGRESS = 3
 CRASH_SILENT = "discover-crash-silent-runs"
 RESTART_CRASHED = "discover-restart-crashed-runs"
@@ -61,6 +70,7 @@ def automations(silence_s: int = SILENCE_S) -> list[Any]:
     from prefect.client.schemas.objects import StateType
 
     ends = {f"prefect.flow-run.{s}" for s in ("Completed", "Failed", "Cancelled", "Crashed", "Paused", "Suspended")}
+    alive = {f"prefect.flow-run.{s}" for s in ("Scheduled", "Pending", "Running", "Cancelling", "AwaitingRetry", "Retrying")}
     silent = AutomationCore(
         name=CRASH_SILENT,
         description=f"A flow run of ttt-discover that sent no heartbeat for {silence_s} s while running lost its process: CRASHED.",
@@ -87,9 +97,12 @@ def automations(silence_s: int = SILENCE_S) -> list[Any]:
         trigger=EventTrigger(
             match={"prefect.resource.id": "prefect.flow-run.*"},
             match_related={"prefect.resource.role": "flow", "prefect.resource.name": RESTARTED_FLOW},
-            expect={"prefect.flow-run.Crashed"},
-            posture=Posture.Reactive,
+            after={"prefect.flow-run.Crashed"},
+            expect={"prefect.flow-run.heartbeat", *alive, *ends - {"prefect.flow-run.Crashed"}},
+            for_each={"prefect.resource.id"},
+            posture=Posture.Proactive,  # once per crash, not per report of it (RESTART_DELAY_S)
             threshold=1,
+            within=timedelta(seconds=RESTART_DELAY_S),
         ),
         actions=[
             ChangeFlowRunState(
@@ -137,7 +150,8 @@ def guard_restarts(run: Run, flow_run_id: str, run_count: int) -> None:
         raise RunStalled(
             f"{run.root}: {MAX_RESTARTS_WITHOUT_PROGRESS} restarts in a row found no task finished since the attempt before "
             f"(stuck in step {step}); not restarting again. Look at the crashed attempts' logs (the machine's memory, "
-            f"a GPU that fails), then `discover resume {run.root}`"
+            f"a GPU that fails), then resume it: `discover resume {run.root}` from a shell, or, to keep it on its deployment's "
+            f"workers, `prefect flow-run retry {flow_run_id}`"
         )
 
 

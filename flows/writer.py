@@ -11,6 +11,9 @@ changes anything, on the server or on disk, and holds it until the flow run ends
   up to DISCOVER_LEASE_WAIT_S seconds (default LEASE_WAIT_S) for it to let go, then fail with
   RunBusy naming the holder (host, pid, flow run), before touching the other's flow run.
 
+Each process that asks is a line of RUN_DIR/writers.jsonl (who, when, and whether it became the
+writer, was refused or was a duplicate).
+
 `at_task_boundary()` runs before every task of a step: a flow run that was cancelled (on the server,
 from the UI or `prefect flow-run cancel`, which cannot stop a process no worker started) stops here
 and ends CANCELLED; one the server believes crashed or scheduled again while this process, which
@@ -31,7 +34,7 @@ from typing import Any
 from prefect.exceptions import Abort
 
 from discover.run import Run
-from storage.lease import Lease, RunBusy, acquire, describe, this_process
+from storage.lease import Lease, RunBusy, acquire, describe, record_writer, this_process
 
 log = logging.getLogger("discover")
 
@@ -77,8 +80,14 @@ def writer_lease(run: Run) -> Iterator[Lease]:
         lease = acquire(run.root, this_process(**ident), wait_s=0.0)
     except RunBusy as busy:
         if me is not None and busy.holder.get("flow_run_id") == str(me.id):
+            record_writer(run.root, this_process(**ident), "duplicate")
             _duplicate_attempt(run, busy.holder)
-        lease = acquire(run.root, this_process(**ident), wait_s=wait, on_wait=waiting)
+        try:
+            lease = acquire(run.root, this_process(**ident), wait_s=wait, on_wait=waiting)
+        except RunBusy:
+            record_writer(run.root, this_process(**ident), "refused")
+            raise
+    record_writer(run.root, lease.holder, "writer")
     token = _holder.set(ident.get("flow_run_id", ""))
     try:
         with lease:

@@ -30,9 +30,9 @@ def _say(message: str) -> None:
     print(f"[sandbox-tools] {message}", flush=True)
 
 
-def apt_install(package: str, binary: str) -> bool:
-    """`binary` is on PATH, or `package` was installed with apt-get; False (and why) otherwise."""
-    if shutil.which(binary) or os.path.exists(f"/usr/bin/{binary}"):
+def apt_install(package: str, binary: str, found: bool = False) -> bool:
+    """`binary` is on PATH (or `found`), or `package` was installed with apt-get; False (and why) otherwise."""
+    if found or shutil.which(binary) or os.path.exists(f"/usr/bin/{binary}"):
         return True
     if os.geteuid() != 0 or not shutil.which("apt-get"):
         _say(f"{binary} is missing: install the package {package} (apt-get install {package}, as root)")

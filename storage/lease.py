@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 LEASE_FILE = "writer.lock"
+WRITERS_LOG = "writers.jsonl"  # one line per process that asked for the lease, and what it got
 POLL_S = 1.0
 
 
@@ -131,6 +132,23 @@ def acquire(root: Path, holder: dict[str, Any], wait_s: float = 0.0, on_wait: Ca
         os.close(fd)
         raise
     return Lease(path, holder, fd)
+
+
+def record_writer(root: Path, holder: dict[str, Any], outcome: str) -> None:
+    """Append who asked for the run's lease and what came of it ("writer", "refused", "duplicate")
+    to RUN_DIR/writers.jsonl: the run's history of writers, one line each (appends of one short line
+    with O_APPEND do not interleave)."""
+    line = json.dumps({**holder, "outcome": outcome, "at": time.time()}, sort_keys=True) + "\n"
+    fd = os.open(Path(root) / WRITERS_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+def read_writers(root: Path) -> list[dict[str, Any]]:
+    path = Path(root) / WRITERS_LOG
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
 
 
 def _alive(pid: int) -> bool:

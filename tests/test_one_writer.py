@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from discover.run import TASKS
-from storage.lease import RunBusy, acquire, read_holder, this_process
+from storage.lease import RunBusy, acquire, read_holder, read_writers, this_process
 from storage.manifest import read_manifest
 from tests.conftest import archive_records, tiny_toy_config
 
@@ -151,6 +151,7 @@ def test_one_writer_per_run_directory(tmp_path: Path, cli_env: dict[str, str], p
     assert "superseded" not in out and [r["state_type"] for r in _flow_runs(prefect_server, busy_dir)] == ["COMPLETED", "FAILED", "FAILED"]
     assert _executions(busy_dir) == every_task_once
     assert archive_records(busy_dir / "archive" / "0002.parquet") == reference
+    assert [(w["outcome"], w["pid"] == pid) for w in read_writers(busy_dir)] == [("writer", True), ("refused", False), ("refused", False)]
 
     # 2. A duplicate attempt of the same flow run, as a worker starts it when one crash is reported
     # twice (the server set it CRASHED, the restart automation SCHEDULED): it ends at once, exit 0,
@@ -183,6 +184,7 @@ def test_one_writer_per_run_directory(tmp_path: Path, cli_env: dict[str, str], p
     assert code == 0, out[-3000:]
     assert "set RUNNING again" in out, out[-3000:]
     assert [r["state_type"] for r in _flow_runs(prefect_server, dup_dir)] == ["COMPLETED"]
+    assert [w["outcome"] for w in read_writers(dup_dir)] == ["writer", "duplicate"]
     assert _executions(dup_dir) == every_task_once
     assert archive_records(dup_dir / "archive" / "0002.parquet") == reference
 

@@ -1,15 +1,18 @@
 """Production shape on one machine: a real Prefect server, deployments from prefect.yaml, workers.
 
-One test, in order: a server on loopback with its default SQLite database and authentication on (a
-request without the credentials is refused; the CLI, the workers and the deployments carry them);
-`discover setup` (pools, limits, the recovery automations) and every deployment of prefect.yaml; a
-process worker completes a two-step toy run, named after its run directory, whose logs on the
-server hold the project's progress lines; a second run's worker and flow process are killed inside
-a step, and with no command typed the automations mark the run crashed and start it again on
-another worker, which finishes it without repeating a finished task, with the archive of the
-uninterrupted run and no task run left RUNNING; `discover schedule` gives a run a minutely
-re-evaluation, whose scheduled flow run completes on a GPU pool's worker and writes its table.
-Every process group started here is killed in a finally block.
+One test, in order: a server on loopback on PostgreSQL (Debian's server, a throwaway cluster;
+docs/operations.md says why not SQLite) with authentication on (a request without the credentials
+is refused; the CLI, the workers and the deployments carry them); `discover setup` (pools, limits,
+the recovery automations) and every deployment of prefect.yaml; a process worker completes a
+three-step toy run, named after its run directory, whose logs on the server hold the project's
+progress lines; a second run is killed three times with no command typed afterwards: its flow
+process alone (the worker reports the crash, twice), then its worker with it (no report: the
+heartbeat automation notices), then its flow process alone again. Each time the automations start
+exactly one new attempt, never while an earlier process of the run lives (RUN_DIR/writers.jsonl
+counts them), and the run finishes with every task executed once, the archive of the uninterrupted
+run and no task run left RUNNING; `discover schedule` gives a run a minutely re-evaluation, whose
+scheduled flow run completes on a GPU pool's worker and writes its table. Every process group
+started here is killed in a finally block.
 """
 
 from __future__ import annotations
@@ -32,9 +35,11 @@ import pytest
 import yaml
 
 from discover.run import TASKS
+from storage.lease import read_writers
 from storage.manifest import read_manifest
-from tests.conftest import SERVER_STARTUP_TIMEOUT_S, SQLITE_BUSY_TIMEOUT_S, tiny_toy_config
+from tests.conftest import SERVER_STARTUP_TIMEOUT_S, tiny_toy_config
 from tests.conftest import archive_records as read_archive
+from tests.postgres import postgres_database
 
 pytestmark = pytest.mark.slow
 
@@ -55,8 +60,11 @@ COMMAND_TIMEOUT_S = 600
 HTTP_TIMEOUT_S = 60
 
 
+STEPS = 3
+
+
 def _config(run_dir: Path) -> dict:
-    return tiny_toy_config(run_dir, seed=3)
+    return tiny_toy_config(run_dir, seed=3, steps=STEPS)
 
 
 def _free_port() -> int:
@@ -77,7 +85,7 @@ def _wait(what: str, check: Callable[[], object], timeout: float, logs: Callable
 
 
 def _archive(run_dir: Path) -> list[tuple]:
-    records, total = read_archive(run_dir / "archive" / "0002.parquet")
+    records, total = read_archive(run_dir / "archive" / f"{STEPS:04d}.parquet")
     return [(r["id"], r["reward"], r["parent_id"], r["lineage"], r["visits"]) for r in records] + [("T", total)]
 
 
@@ -112,6 +120,11 @@ class Processes:
 
 
 def test_deployments_workers_automatic_recovery_and_a_schedule_that_fires(tmp_path: Path, tiny_model_cache: Path) -> None:
+    with postgres_database() as database:
+        _production_shape(tmp_path, tiny_model_cache, database)
+
+
+def _production_shape(tmp_path: Path, tiny_model_cache: Path, database: str) -> None:
     procs = Processes(tmp_path)
     port = _free_port()
     api = f"http://127.0.0.1:{port}/api"
@@ -170,14 +183,14 @@ def test_deployments_workers_automatic_recovery_and_a_schedule_that_fires(tmp_pa
         assert final == wanted, f"flow run {flow_run_id} ended {final}, not {wanted}:\n{procs.log(worker)[-4000:]}"
 
     try:
-        # 1. A server on loopback, SQLite under PREFECT_HOME, authentication on, its scheduler
-        # looking every few seconds; then pools, limits, automations and deployments.
+        # 1. A server on loopback on PostgreSQL, authentication on, its scheduler looking every
+        # few seconds; then pools, limits, automations and deployments.
         server_env = dict(
             env,
             PREFECT_UI_ENABLED="false",
             PREFECT_SERVER_API_AUTH_STRING=f"{user}:{password}",
             PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS="5",
-            PREFECT_SERVER_DATABASE_TIMEOUT=SQLITE_BUSY_TIMEOUT_S,
+            PREFECT_API_DATABASE_CONNECTION_URL=database,
         )
         procs.start("server", [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)], server_env)
 
@@ -192,7 +205,7 @@ def test_deployments_workers_automatic_recovery_and_a_schedule_that_fires(tmp_pa
                 return False
 
         _wait("the Prefect server to answer /api/health", healthy, SERVER_STARTUP_TIMEOUT_S, lambda: procs.log("server"))
-        assert (tmp_path / "prefect-home" / "prefect.db").is_file()  # the default SQLite database
+        assert not (tmp_path / "prefect-home" / "prefect.db").exists()  # no SQLite database beside it
         # Without the credentials, or with wrong ones, the API refuses: over HTTP and from the CLI.
         assert httpx.post(f"{api}/deployments/filter", json={}, timeout=HTTP_TIMEOUT_S).status_code == 401
         assert httpx.post(f"{api}/deployments/filter", json={}, auth=(user, "wrong"), timeout=HTTP_TIMEOUT_S).status_code == 401
@@ -217,16 +230,16 @@ def test_deployments_workers_automatic_recovery_and_a_schedule_that_fires(tmp_pa
         run_a = run_deployment("discovery-run/process", config_path=str(tmp_path / "deployed.yaml"))
         wait_state(run_a, "COMPLETED", "worker-1")
         deployed = tmp_path / "deployed"
-        assert len(read_manifest(deployed / "manifest.json")["executions"]) == 10
+        assert len(read_manifest(deployed / "manifest.json")["executions"]) == 5 * STEPS
         assert flow_run(run_a)["name"] == "deployed"  # named after its run directory
         # The project's progress lines are in the flow run's logs on the server, where Prefect users look.
         logs = _wait(
             "the run's logs on the server", lambda: "best state" in (out := prefect("flow-run", "logs", run_a)) and out, RUN_WAIT_S
         )
-        assert "step 1/2" in logs and "step 2/2" in logs, logs[-3000:]
+        assert all(f"step {s + 1}/{STEPS}" in logs for s in range(STEPS)), logs[-3000:]
         # a task's lines are in its step's subflow run, named after the run and the step
         steps_of_a = http.post(f"{api}/flow_runs/filter", json={"flow_runs": {"parent_flow_run_id": {"any_": [run_a]}}}).json()
-        assert sorted(r["name"] for r in steps_of_a) == ["deployed-step-0", "deployed-step-1"], steps_of_a
+        assert sorted(r["name"] for r in steps_of_a) == [f"deployed-step-{s}" for s in range(STEPS)], steps_of_a
         step_1 = next(r["id"] for r in steps_of_a if r["name"] == "deployed-step-1")
         assert "step 1 train" in prefect("flow-run", "logs", step_1)
 
@@ -237,29 +250,40 @@ def test_deployments_workers_automatic_recovery_and_a_schedule_that_fires(tmp_pa
         keys = {a["key"] for a in http.post(f"{api}/artifacts/filter", json={}).json()}
         assert {k.rsplit("-", 1)[1] for k in keys if k and k.startswith("discover-deployed-")} >= {"steps", "rewards", "report"}
 
-        # 2. A worker and its flow process killed inside step 1's evaluate task (the task announces
-        # itself and waits), like a machine that died; another worker of the pool is up. No
-        # command is typed: the automations mark the run crashed and schedule it again.
+        # 2. A run killed three times inside a step's evaluate task (the task announces itself and
+        # waits there until released, tests/faults/sitecustomize.py, on the workers' PYTHONPATH and
+        # so on their flow runs'): its flow process alone, as the OOM killer would (the worker
+        # reports the crash, twice), at step 0; the worker with it, as a machine that died (no
+        # report: the heartbeat automation notices), at step 1; the flow process alone at step 2.
+        # No command is typed: each time the automations start it again, and the new attempt
+        # reaching the same point shows it resumed; the test then lets it go on.
         procs.kill("worker-1")
-        # The hold comes from tests/faults/sitecustomize.py, on the worker's PYTHONPATH and so on its flow runs'.
         faults = str(Path(__file__).parent / "faults")
-        procs.start("worker-2", worker_cmd, dict(env, DISCOVER_HOLD_AT="evaluate:1:start", PYTHONPATH=faults))
+        holds = ",".join(f"evaluate:{s}:start" for s in range(STEPS))
+        held_env = dict(env, DISCOVER_HOLD_AT=holds, PYTHONPATH=faults)
+        procs.start("worker-2", worker_cmd, held_env)
         killed = tmp_path / "killed"
         run_b = run_deployment("discovery-run/process", config_path=str(tmp_path / "killed.yaml"))
-        _wait("the run to reach step 1's evaluate task", lambda: (killed / ".held").is_file(), RUN_WAIT_S, lambda: procs.log("worker-2"))
-        held_pid = int((killed / ".held").read_text().strip().split(":")[2])
-        (killed / ".held").unlink()
-        procs.start("worker-3", worker_cmd, env)
-        # The process worker starts each flow run in a session of its own: killing the worker's
-        # group leaves the flow run's process running, so it is killed too.
-        procs.kill("worker-2")
-        try:
-            os.killpg(os.getpgid(held_pid), signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        before = [(e["step"], e["task"]) for e in read_manifest(killed / "manifest.json")["executions"]]
-        assert before == [(0, t) for t in TASKS] + [(1, "select_parents"), (1, "generate")]
-        assert state(run_b) == "RUNNING"  # nobody told the server
+
+        def held_at(step: int, other_than: int = 0, worker: str = "worker-2") -> int:
+            """The pid of the process held at step's evaluate task (another than `other_than`)."""
+
+            def check() -> int:
+                fields = (killed / ".held").read_text().split(":") if (killed / ".held").is_file() else []
+                return int(fields[2]) if fields[:2] == ["evaluate", str(step)] and int(fields[2]) != other_than else 0
+
+            return _wait(f"the run to hold at step {step}'s evaluate", check, RUN_WAIT_S, lambda: procs.log(worker))  # type: ignore[return-value]
+
+        def kill_flow_process(pid: int) -> None:
+            # The process worker starts each flow run in a session of its own: this kills it alone.
+            try:
+                os.killpg(os.getpgid(pid), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+        first = held_at(0)
+        kill_flow_process(first)  # kill 1: the flow process alone; worker-2 lives
+        assert state(run_b) in ("RUNNING", "CRASHED")
 
         # 3. (set up while the automations of 2. do their work, a minute or two) A re-evaluation
         # scheduled with `discover schedule`, every minute, runs by itself on a worker of the H100
@@ -282,26 +306,47 @@ def test_deployments_workers_automatic_recovery_and_a_schedule_that_fires(tmp_pa
             done = [r for r in runs if r["state"]["type"] == "COMPLETED" and r["auto_scheduled"]]
             return done[0]["id"] if done else None
 
-        # 2. (continued) The killed run has finished by itself.
+        # 2. (continued) Restarted once by worker-2, the run holds at step 0 again: released, it
+        # goes on to step 1, where worker-2 and the flow process die together (kill 2); worker-3
+        # takes the restart, holds at step 1 again, goes on to step 2, and loses its flow process
+        # (kill 3); the restart after that finishes the run.
+        second = held_at(0, other_than=first)
+        (killed / ".release-evaluate-0").touch()
+        second = held_at(1)
+        procs.start("worker-3", worker_cmd, held_env)
+        procs.kill("worker-2")
+        kill_flow_process(second)
+        third = held_at(1, other_than=second, worker="worker-3")
+        (killed / ".release-evaluate-1").touch()
+        third = held_at(2, worker="worker-3")
+        kill_flow_process(third)  # kill 3: worker-3 lives
+        fourth = held_at(2, other_than=third, worker="worker-3")
+        (killed / ".release-evaluate-2").touch()
         wait_state(run_b, "COMPLETED", "worker-3", passing=frozenset({"CRASHED"}))
-        executions = [(e["step"], e["task"]) for e in read_manifest(killed / "manifest.json")["executions"]]
-        assert executions == before + [(1, "evaluate"), (1, "update_archive"), (1, "train")], executions
+        executions = sorted((e["step"], e["task"]) for e in read_manifest(killed / "manifest.json")["executions"])
+        assert executions == sorted((s, t) for s in range(STEPS) for t in TASKS), executions
         assert _archive(killed) == _archive(deployed)
+        # One restart per kill, each a new process once the one before was dead: four writers in
+        # all, none refused and no duplicate attempt of the flow run.
+        writers = read_writers(killed)
+        assert [(w["outcome"], w["pid"]) for w in writers] == [("writer", p) for p in (first, second, third, fourth)], writers
         states = http.get(f"{api}/flow_run_states/", params={"flow_run_id": run_b}).json()
-        assert {"CRASHED", "SCHEDULED"} <= {s["type"] for s in states}, [(s["type"], s["message"]) for s in states]
-        # The killed step's runs end in a final state; each step's subflow is named after the run and the step.
-        steps_runs = http.post(f"{api}/flow_runs/filter", json={"flow_runs": {"tags": {"all_": ["step:1"]}}}).json()
-        ours = [r for r in steps_runs if any(t.startswith("discover-run:killed-") for t in r["tags"])]
-        assert {r["name"] for r in ours} == {"killed-step-1"} and len(ours) == 2, [(r["name"], r["state"]["type"]) for r in ours]
-        assert sorted(r["state"]["type"] for r in ours) == ["COMPLETED", "CRASHED"]
-        live = http.post(
-            f"{api}/task_runs/filter",
-            json={
-                "flow_runs": {"id": {"any_": [r["id"] for r in ours]}},
-                "task_runs": {"state": {"type": {"any_": ["RUNNING", "PENDING"]}}},
-            },
-        ).json()
-        assert live == [], [(t["name"], t["state"]["type"]) for t in live]
+        restarts = [s for s in states if s["type"] == "SCHEDULED" and "restarted after a crash" in (s["message"] or "")]
+        assert len(restarts) == 3, [(s["type"], s["message"]) for s in states]
+        # The killed steps' runs end in a final state; each step's subflow is named after the run and the step.
+        for step in range(STEPS):
+            steps_runs = http.post(f"{api}/flow_runs/filter", json={"flow_runs": {"tags": {"all_": [f"step:{step}"]}}}).json()
+            ours = [r for r in steps_runs if any(t.startswith("discover-run:killed-") for t in r["tags"])]
+            assert {r["name"] for r in ours} == {f"killed-step-{step}"}, [(r["name"], r["state"]["type"]) for r in ours]
+            assert sorted(r["state"]["type"] for r in ours) == ["COMPLETED", "CRASHED"], [(r["name"], r["state"]["type"]) for r in ours]
+            live = http.post(
+                f"{api}/task_runs/filter",
+                json={
+                    "flow_runs": {"id": {"any_": [r["id"] for r in ours]}},
+                    "task_runs": {"state": {"type": {"any_": ["RUNNING", "PENDING"]}}},
+                },
+            ).json()
+            assert live == [], [(t["name"], t["state"]["type"]) for t in live]
 
         # 3. (continued) The scheduled re-evaluation has fired and completed by itself.
         _wait("the scheduled re-evaluation to complete", completed_scheduled_run, RUN_WAIT_S, lambda: procs.log("gpu-worker"))

@@ -6,9 +6,10 @@ worker and the flow runs it spawns), and only when one of these variables is set
 functions of discover/steps.py:
 
 - DISCOVER_CRASH_AT="NAME:STEP:PHASE" SIGKILLs the process's whole group at that point;
-- DISCOVER_HOLD_AT="NAME:STEP:start" writes RUN_DIR/.held ("NAME:STEP:PID") and sleeps there
-  (up to 600 s), so a test can kill the worker that runs it, or start a second process on the run
-  while it is held; the test lets it go on by creating RUN_DIR/.release.
+- DISCOVER_HOLD_AT="NAME:STEP:start[,NAME:STEP:start...]" writes RUN_DIR/.held ("NAME:STEP:PID")
+  at each of these points and sleeps there (up to 600 s), so a test can kill the worker that runs
+  it, or start a second process on the run while it is held; the test lets it go on by creating
+  RUN_DIR/.release (every point) or RUN_DIR/.release-NAME-STEP (that point, in every process).
 
 NAME is a step task (select_parents, generate, evaluate, update_archive, train; PHASE start or
 end: before the task runs, or after its output is written but before it is recorded), or a point
@@ -59,11 +60,14 @@ def _at(name: str, step: int, phase: str, run: object = None) -> None:
     point = f"{name}:{step}:{phase}"
     if CRASH == point:
         os.killpg(os.getpgrp(), signal.SIGKILL)
-    if HOLD == point and run is not None:
+    if point in HOLD.split(",") and run is not None:
         root = Path(str(run.root))
+        released = (root / ".release", root / f".release-{name}-{step}")
+        if any(r.exists() for r in released):
+            return
         (root / ".held").write_text(f"{name}:{step}:{os.getpid()}\n")
         deadline = time.monotonic() + 600
-        while time.monotonic() < deadline and not (root / ".release").exists():
+        while time.monotonic() < deadline and not any(r.exists() for r in released):
             time.sleep(0.2)
 
 
