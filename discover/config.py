@@ -511,7 +511,12 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Ru
     """Read a YAML file into a RunConfig; `overrides` replace top-level fields (e.g. run_dir)."""
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"configuration file not found: {path}")
+        where = path.resolve().parent
+        raise ConfigError(
+            f"configuration file not found: {path} (looked for {path.name} in {where}"
+            + ("" if path.is_absolute() else f", relative to the working directory {Path.cwd()}")
+            + "); give its path, e.g. configs/toy.yaml from the project's checkout"
+        )
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as err:

@@ -9,9 +9,10 @@ existing limit gets the new slot count, the automations of automatic recovery (f
 are replaced by their current definition. Each GPU pool gets a global concurrency limit of the same
 name with one slot per GPU (prefect.yaml and flows/tasks.py say who holds the slots).
 
-`crashed`: a flow run whose worker died stays RUNNING on the server (nothing reports it), and
-`prefect flow-run retry` only takes runs in a terminal state; this sets it to CRASHED so that the
-retry can follow. Check first that its worker is really gone.
+`crashed`: a flow run whose worker died stays RUNNING on the server until the heartbeat automation
+notices; this sets it CRASHED at once. With the recovery automations (`discover setup`) a discovery
+run is then restarted by itself, and the command says so; without them it names `prefect flow-run
+retry`, which only takes runs in a terminal state. Check first that its worker is really gone.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import sys
 from pathlib import Path
 
 import yaml
+
+from flows.recovery import RESTART_CRASHED, RESTART_DELAY_S, RESTARTED_FLOW
 
 
 def infrastructure(path: Path) -> list[dict]:
@@ -54,7 +57,24 @@ async def _mark_crashed(flow_run_id: str) -> str:
         if run.state is not None and run.state.is_final():
             return f"flow run {flow_run_id} is already {run.state.type.value}; nothing to do"
         await client.set_flow_run_state(flow_run_id, Crashed(message="worker lost (marked by `discover crashed`)"), force=True)
-        return f"flow run {flow_run_id} marked CRASHED; now: prefect flow-run retry {flow_run_id}"
+        restarts = run.flow_id is not None and await _restarted_automatically(client, run.flow_id)
+        if restarts:
+            return (
+                f"flow run {flow_run_id} marked CRASHED; the automation {RESTART_CRASHED} schedules it again within "
+                f"{RESTART_DELAY_S} s and a worker of its pool resumes it: nothing to type (`prefect flow-run logs {flow_run_id}`)"
+            )
+        return (
+            f"flow run {flow_run_id} marked CRASHED; no recovery automation restarts it (`discover setup` creates them), "
+            f"so: prefect flow-run retry {flow_run_id}"
+        )
+
+
+async def _restarted_automatically(client, flow_id) -> bool:  # noqa: ANN001
+    """Whether the restart automation of flows/recovery.py exists, is on, and restarts this flow."""
+    flow = await client.read_flow(flow_id)
+    if flow.name != RESTARTED_FLOW:
+        return False
+    return any(a.enabled for a in await client.read_automations_by_name(RESTART_CRASHED))
 
 
 def setup(file: Path, silence_s: int) -> int:

@@ -11,14 +11,16 @@ writes, and never supersedes a live one.
 from __future__ import annotations
 
 import logging
+from contextlib import ExitStack
 from pathlib import Path
 
 from prefect import flow
 from prefect.context import FlowRunContext
+from prefect.states import Failed
 
 from discover import steps
-from discover.config import RunConfig, load_config  # RunConfig at run time: Prefect validates the parameter
-from discover.run import Run
+from discover.config import ConfigError, RunConfig, load_config  # RunConfig at run time: Prefect validates the parameter
+from discover.run import Run, RunDirError
 from flows import artifacts, tasks
 from flows.engines import evaluation_engine, ray_connection
 from flows.logs import forward_project_logs
@@ -27,8 +29,15 @@ from flows.recovery import end_superseded_runs, guard_restarts
 from flows.replicas import generation_replicas
 from flows.step_flow import run_step
 from flows.writer import writer_lease
+from storage.lease import RunBusy
 
 log = logging.getLogger("discover")
+
+NO_PARAMETERS = (
+    "discovery-run needs a parameter: config_path (a YAML file the worker can read), config (the configuration as a "
+    "mapping) or run_dir (a run directory to resume); e.g. `prefect deployment run discovery-run/process "
+    "--param config_path=configs/toy.yaml`"
+)
 
 
 def _run_dir(run_dir: str | None, config: RunConfig | None, config_path: str | None) -> str:
@@ -40,7 +49,7 @@ def _run_dir(run_dir: str | None, config: RunConfig | None, config_path: str | N
         config = load_config(config_path, {"run_dir": run_dir} if run_dir else None)
     elif config is None:
         if not run_dir:
-            raise ValueError("give run_dir to resume a run, or a configuration to start one")
+            raise ValueError(NO_PARAMETERS)
         return run_dir
     elif run_dir:
         config = config.model_copy(update={"run_dir": Path(run_dir)})
@@ -65,8 +74,15 @@ def discovery_run(run_dir: str | None = None, config: RunConfig | None = None, c
     it, the tasks that finished come from Prefect's cache.
     """
     forward_project_logs()
-    run = Run.open(_run_dir(run_dir, config, config_path))
-    with writer_lease(run):  # the run's one writer from here on (flows/writer.py), before any other flow run is touched
+    with ExitStack() as held:
+        try:
+            run = Run.open(_run_dir(run_dir, config, config_path))
+            held.enter_context(
+                writer_lease(run)
+            )  # the run's one writer from here on (flows/writer.py), before any other flow run is touched
+        except (ValueError, ConfigError, RunDirError, RunBusy) as err:  # the run cannot start as asked: said, without a traceback
+            log.error("%s", err)
+            return Failed(message=str(err), data=err)  # type: ignore[return-value]
         _take_over(run)
         tasks.initialise(run)  # also on resume: a run killed while initialising finishes it first
         start, steps_ = run.finished_steps(), run.config.steps

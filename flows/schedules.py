@@ -6,8 +6,9 @@ creates, or updates, the deployment `reevaluate/<run>-<pool>` (flows/reevaluate_
 Prefect's API: its parameters name the run (absolute run directory, top-k, the pool's GPU limit),
 its schedule is the cron given, and its job variables are those prefect.yaml declares for the pool
 (`definitions.work_pools`: the pool's GPU type and limit). A process worker of the pool runs it
-from this checkout (the deployment's working directory), as `prefect deploy` would. Running it
-again for the same run and pool replaces the schedule.
+from the directory the command was run in (the deployment's working directory), as `prefect
+deploy` does: the project's checkout, which must hold the flow's entrypoint. Running it again for
+the same run and pool replaces the schedule.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class Scheduled:
     cron: str
     pool: str
     created: bool
+    directory: str  # where a worker of the pool runs it
 
 
 def pool_definition(prefect_yaml: Path, pool: str) -> tuple[dict[str, Any], int]:
@@ -45,12 +47,30 @@ def pool_definition(prefect_yaml: Path, pool: str) -> tuple[dict[str, Any], int]
     return dict(pools[pool].get("job_variables", {})), gpus
 
 
+def working_directory(directory: Path | None = None) -> Path:
+    """The deployment's working directory: `directory`, else the current one, as `prefect deploy`
+    takes it; one without the flow's entrypoint is an error saying where to run from."""
+    directory = (directory or Path.cwd()).resolve()
+    if not (directory / ENTRYPOINT.split(":")[0]).is_file():
+        raise ValueError(
+            f"{directory} holds no {ENTRYPOINT.split(':')[0]}: run `discover schedule` from the project's checkout "
+            f"(the directory of prefect.yaml, where `prefect deploy` runs), e.g. cd {REPO}"
+        )
+    return directory
+
+
 def deployment_name(run: Run, pool: str) -> str:
     return f"{slug(run_name(run.root))}-{slug(pool)}"
 
 
 def schedule_reevaluation(
-    run: Run, pool: str, cron: str, top_k: int = 5, timezone: str = "UTC", prefect_yaml: Path = REPO / "prefect.yaml"
+    run: Run,
+    pool: str,
+    cron: str,
+    top_k: int = 5,
+    timezone: str = "UTC",
+    prefect_yaml: Path = Path("prefect.yaml"),
+    directory: Path | None = None,
 ) -> Scheduled:
     """Create or update `reevaluate/<run>-<pool>` with this cron schedule (see the module)."""
     from prefect.client.orchestration import get_client
@@ -61,6 +81,7 @@ def schedule_reevaluation(
 
     from flows.reevaluate_flow import reevaluate
 
+    workdir = working_directory(directory)
     job_variables, gpus = pool_definition(prefect_yaml, pool)
     schedule = CronSchedule(cron=cron, timezone=timezone)  # a bad cron or timezone fails here, naming it
     name = deployment_name(run, pool)
@@ -80,8 +101,8 @@ def schedule_reevaluation(
             work_pool_name=pool,
             work_queue_name="default",
             entrypoint=ENTRYPOINT,
-            path=str(REPO),
-            pull_steps=[{"prefect.deployments.steps.set_working_directory": {"directory": str(REPO)}}],
+            path=str(workdir),
+            pull_steps=[{"prefect.deployments.steps.set_working_directory": {"directory": str(workdir)}}],
             parameters=parameters,
             parameter_openapi_schema=parameter_schema(reevaluate).model_dump_for_openapi(),
             job_variables=job_variables,
@@ -92,12 +113,12 @@ def schedule_reevaluation(
             for s in client.read_deployment_schedules(deployment_id):
                 if getattr(s.schedule, "cron", None) != cron or getattr(s.schedule, "timezone", None) != timezone:
                     client.delete_deployment_schedule(deployment_id, s.id)
-    return Scheduled(f"{reevaluate.name}/{name}", str(deployment_id), cron, pool, created)
+    return Scheduled(f"{reevaluate.name}/{name}", str(deployment_id), cron, pool, created, str(workdir))
 
 
 def main_message(scheduled: Scheduled, run: Run) -> str:
     verb = "created" if scheduled.created else "updated"
     return (
         f"{scheduled.deployment} {verb}: re-evaluates {run.root} on pool {scheduled.pool} at cron {scheduled.cron!r}; "
-        f"a worker of the pool runs it (`prefect worker start --pool {scheduled.pool}` from {REPO})"
+        f"a worker of the pool runs it from {scheduled.directory} (`prefect worker start --pool {scheduled.pool}`)"
     )

@@ -80,9 +80,13 @@ def test_a_misspelt_field_names_the_closest_valid_one(data: dict, line: str) -> 
     assert str(err.value).splitlines() == ["invalid configuration in run.yaml:", line]
 
 
-def test_load_config_reports_missing_file_and_bad_yaml(tmp_path: Path) -> None:
+def test_load_config_reports_missing_file_and_bad_yaml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ConfigError, match="not found"):
         load_config(tmp_path / "absent.yaml")
+    monkeypatch.chdir(tmp_path)  # a relative path: the message names the folder it was looked for in
+    with pytest.raises(ConfigError) as missing:
+        load_config("configs/absent.yaml")
+    assert f"looked for absent.yaml in {tmp_path / 'configs'}, relative to the working directory {tmp_path}" in str(missing.value)
     bad = tmp_path / "bad.yaml"
     bad.write_text("problem: [toy\n")
     with pytest.raises(ConfigError, match="not valid YAML"):

@@ -40,7 +40,8 @@ def test_restarts_without_progress_stop_and_say_where(tmp_path: Path) -> None:
     recovery.guard_restarts(run, flow_run, 1)
     for count in range(2, recovery.MAX_RESTARTS_WITHOUT_PROGRESS + 1):  # restarts that found nothing new: allowed so far
         recovery.guard_restarts(run, flow_run, count)
-    with pytest.raises(recovery.RunStalled, match=r"3 restarts in a row .* \(stuck in step 0\).*discover resume"):
+    stalled = rf"3 restarts in a row .* \(stuck in step 0\).*discover resume.*prefect flow-run retry {flow_run}"
+    with pytest.raises(recovery.RunStalled, match=stalled):
         recovery.guard_restarts(run, flow_run, recovery.MAX_RESTARTS_WITHOUT_PROGRESS + 1)
     # a task finished since: the next restart goes on; a new flow run (discover resume) always starts
     record_task(run.layout.manifest, 0, "select_parents", {"path": "x", "sha256": "y"}, 0.0, 1.0)
@@ -57,7 +58,12 @@ def test_the_automations_watch_heartbeats_and_restart_only_discovery_runs() -> N
     silent, restart = recovery.automations(90)
     assert silent.trigger.posture == Posture.Proactive and silent.trigger.within.total_seconds() == 90
     assert "prefect.flow-run.heartbeat" in silent.trigger.after and silent.actions[0].state == StateType.CRASHED
-    assert restart.trigger.expect == {"prefect.flow-run.Crashed"} and restart.actions[0].state == StateType.SCHEDULED
+    assert restart.actions[0].state == StateType.SCHEDULED
+    # a crash reported twice restarts once: the restart waits for silence after a CRASHED report,
+    # and a heartbeat or a new state of the flow run meanwhile (a live attempt) cancels it
+    assert restart.trigger.after == {"prefect.flow-run.Crashed"} and restart.trigger.posture == Posture.Proactive
+    assert {"prefect.flow-run.heartbeat", "prefect.flow-run.Running"} <= restart.trigger.expect
+    assert "prefect.flow-run.Crashed" not in restart.trigger.expect and restart.trigger.for_each == {"prefect.resource.id"}
     assert restart.trigger.match_related["prefect.resource.name"] in ("discovery-run", ["discovery-run"])
     with pytest.raises(ValueError, match="too close to the 30 s between heartbeats"):
         recovery.automations(31)
@@ -112,9 +118,20 @@ def test_crashed_marks_a_run_whose_worker_died(prefect_api: str) -> None:
         orphan = _flow_run(client, "discovery-run", [], Running())
         result = CliRunner().invoke(app, ["crashed", str(orphan.id)])
         assert result.exit_code == 0 and "marked CRASHED" in result.output, result.output
+        manual = f"no recovery automation restarts it (`discover setup` creates them), so: prefect flow-run retry {orphan.id}"
+        assert manual in result.output
         assert client.read_flow_run(orphan.id).state.type.value == "CRASHED"
         again = CliRunner().invoke(app, ["crashed", str(orphan.id)])
         assert "already CRASHED; nothing to do" in again.output
+        # with the restart automation on the server, nothing is left to type (a retry would fail)
+        automation = client.create_automation(recovery.automations()[1])
+        try:
+            other = _flow_run(client, "discovery-run", [], Running())
+            result = CliRunner().invoke(app, ["crashed", str(other.id)])
+            assert "schedules it again within 60 s and a worker of its pool resumes it: nothing to type" in result.output, result.output
+            assert "retry" not in result.output
+        finally:
+            client.delete_automation(automation)
 
 
 def test_a_discovery_run_is_named_after_its_directory_and_logs_its_progress_on_the_server(
@@ -142,7 +159,9 @@ def test_a_discovery_run_is_named_after_its_directory_and_logs_its_progress_on_t
     assert any(line.startswith("step 0 train") for line in task_lines), task_lines
 
 
-def test_schedule_creates_then_updates_the_runs_reevaluation(tmp_path: Path, tiny_model_cache: Path, prefect_api: str) -> None:
+def test_schedule_creates_then_updates_the_runs_reevaluation(
+    tmp_path: Path, tiny_model_cache: Path, prefect_api: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import WorkPoolCreate
 
@@ -154,6 +173,7 @@ def test_schedule_creates_then_updates_the_runs_reevaluation(tmp_path: Path, tin
             client.create_work_pool(WorkPoolCreate(name="gpu-h100", type="process"))
         except Exception:  # noqa: BLE001 - created by another test of the session
             pass
+        monkeypatch.chdir(REPO)  # the deployment runs from where the command ran, as `prefect deploy`'s do
         first = schedule_reevaluation(run, "gpu-h100", "0 3 * * *", top_k=2, prefect_yaml=REPO / "prefect.yaml")
         second = schedule_reevaluation(run, "gpu-h100", "*/5 * * * *", top_k=2, prefect_yaml=REPO / "prefect.yaml")
         assert first.created and not second.created and first.deployment == second.deployment == "reevaluate/sched-gpu-h100"
@@ -162,5 +182,20 @@ def test_schedule_creates_then_updates_the_runs_reevaluation(tmp_path: Path, tin
         assert deployment.parameters == {"run_dir": str(run.root.resolve()), "top_k": 2, "gpu_limit": "gpu-h100"}
         assert deployment.job_variables["env"]["DISCOVER_GPU_TYPE"] == "H100"
         assert deployment.entrypoint == "flows/reevaluate_flow.py:reevaluate" and deployment.work_pool_name == "gpu-h100"
+        assert deployment.path == str(REPO.resolve()) == second.directory
     with pytest.raises(ValueError, match="declares no work pool 'gpu-z'"):
         schedule_reevaluation(run, "gpu-z", "0 3 * * *", prefect_yaml=REPO / "prefect.yaml")
+    monkeypatch.chdir(tmp_path)  # not a checkout: said, before anything is deployed
+    with pytest.raises(ValueError, match=r"holds no flows/reevaluate_flow.py: run `discover schedule` from the project's checkout"):
+        schedule_reevaluation(run, "gpu-h100", "0 3 * * *", prefect_yaml=REPO / "prefect.yaml")
+
+
+def test_a_deployment_run_without_parameters_fails_saying_which_to_give(prefect_api: str) -> None:
+    from prefect.client.orchestration import get_client
+
+    from flows.run_flow import NO_PARAMETERS, discovery_run
+
+    state = discovery_run(return_state=True)
+    assert state.is_failed() and state.message == NO_PARAMETERS and "--param config_path=" in NO_PARAMETERS
+    with get_client(sync_client=True) as client:
+        assert client.read_flow_run(state.state_details.flow_run_id).state.message == NO_PARAMETERS
