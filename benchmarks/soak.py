@@ -1,0 +1,273 @@
+"""Soak: a long toy run on a Prefect server, killed every N steps and restarted by the automations.
+
+    python benchmarks/soak.py [--steps 200] [--kill-every 20] [--out benchmarks/results]
+
+What a user leaves running for days, in small: a PostgreSQL-backed Prefect server on loopback (a
+throwaway cluster of Debian's PostgreSQL, as tests/test_prefect_server.py starts one), `discover
+setup`, the deployments of prefect.yaml, one process worker, and a toy run of `--steps` steps on
+the tiny model. Every `--kill-every` steps its flow process is SIGKILLed (as the OOM killer would)
+and nothing is typed: the recovery automations restart it (flows/recovery.py). After each step it
+records the step's wall time, the flow process's resident memory, the run directory's size and the
+Prefect database's size, and at the end writes soak.json, soak.md and soak.png to `--out`, with the
+growth of each per step over the first and second half of the run (flat or not). Takes about half
+an hour on a 2-core machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from storage.lease import read_writers  # noqa: E402
+from storage.manifest import read_manifest  # noqa: E402
+from tests.conftest import tiny_toy_config  # noqa: E402
+from tests.postgres import postgres_database  # noqa: E402
+
+TASKS_PER_STEP = 5
+BIN = Path(sys.executable).parent
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _du(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def _rss_mb(pid: int) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+def _db_mb(url: str) -> float:
+    dsn = url.replace("postgresql+asyncpg://", "postgresql://")
+    out = subprocess.run(["psql", dsn, "-tAc", "select pg_database_size(current_database())"], capture_output=True, text=True, check=True)
+    return int(out.stdout.strip()) / 2**20
+
+
+def _finished_steps(run_dir: Path) -> int:
+    done = read_manifest(run_dir / "manifest.json")["tasks"] if (run_dir / "manifest.json").is_file() else {}
+    return sum(1 for k in done if k.endswith("/train"))
+
+
+def _writer_pid(run_dir: Path) -> int | None:
+    writers = [w for w in read_writers(run_dir) if w["outcome"] == "writer"]
+    return writers[-1]["pid"] if writers else None
+
+
+def _growth(rows: list[dict], key: str) -> dict[str, float]:
+    """Per-step growth of `key` (least squares slope) over the first and the second half of the run."""
+    import numpy as np
+
+    half = len(rows) // 2
+    out = {}
+    for name, part in (("first_half", rows[:half]), ("second_half", rows[half:])):
+        pts = [(r["step"], r[key]) for r in part if r[key] is not None]
+        out[name] = float(np.polyfit(*zip(*pts, strict=True), 1)[0]) if len(pts) > 2 else float("nan")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--kill-every", type=int, default=20)
+    ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
+    ap.add_argument("--timeout", type=float, default=3 * 3600, help="give up after this many seconds")
+    args = ap.parse_args(argv)
+
+    work = Path(tempfile.mkdtemp(prefix="discover-soak-"))
+    procs: list[subprocess.Popen] = []
+    rows: list[dict] = []
+    kills: list[int] = []
+    with postgres_database() as database:
+        port = _free_port()
+        api = f"http://127.0.0.1:{port}/api"
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "DISCOVER_"))}
+        env.update(
+            PREFECT_HOME=str(work / "prefect-home"),
+            PREFECT_API_URL=api,
+            PREFECT_SERVER_ANALYTICS_ENABLED="false",
+            PREFECT_WORKER_QUERY_SECONDS="2",
+            DISCOVER_CACHE=str(work / "cache"),
+            OMP_NUM_THREADS="1",
+        )
+
+        def start(name: str, cmd: list[str], extra: dict[str, str] | None = None) -> subprocess.Popen:
+            log = open(work / f"{name}.log", "w")  # noqa: SIM115 - closed with the process
+            full = {**env, **(extra or {})}
+            proc = subprocess.Popen(cmd, cwd=REPO, env=full, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            procs.append(proc)
+            return proc
+
+        def command(*cmd: str) -> str:
+            done = subprocess.run(list(cmd), cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+            if done.returncode != 0:
+                raise SystemExit(f"{' '.join(cmd)} failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+            return done.stdout + done.stderr
+
+        try:
+            start(
+                "server",
+                [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                {"PREFECT_UI_ENABLED": "false", "PREFECT_API_DATABASE_CONNECTION_URL": database},
+            )
+            deadline = time.monotonic() + 600
+            while True:
+                try:
+                    if httpx.get(f"{api}/health", timeout=10).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise SystemExit("the Prefect server did not start")
+                time.sleep(1)
+            command(sys.executable, "-m", "cli", "setup", "--silence", "60")
+            command(str(BIN / "prefect"), "--no-prompt", "deploy", "--all")
+            start("worker", [str(BIN / "prefect"), "worker", "start", "--pool", "discover-process", "--type", "process"])
+            run_dir = work / "soak"
+            (work / "soak.yaml").write_text(yaml.safe_dump(tiny_toy_config(run_dir, seed=5, steps=args.steps)))
+            out = command(
+                str(BIN / "prefect"),
+                "--no-prompt",
+                "deployment",
+                "run",
+                "discovery-run/process",
+                "--params",
+                json.dumps({"config_path": str(work / "soak.yaml")}),
+            )
+            print(out.strip().splitlines()[-1], flush=True)
+            t0, last, seen = time.monotonic(), time.monotonic(), 0
+            while seen < args.steps:
+                if time.monotonic() - t0 > args.timeout:
+                    raise SystemExit(f"gave up after {args.timeout:.0f} s at step {seen}")
+                done = _finished_steps(run_dir)
+                if done > seen:
+                    now = time.monotonic()
+                    pid = _writer_pid(run_dir)
+                    for step in range(seen, done):
+                        rows.append(
+                            {
+                                "step": step,
+                                "seconds": (now - last) / (done - seen),
+                                "flow_rss_mb": _rss_mb(pid) if pid else None,
+                                "run_dir_mb": _du(run_dir) / 2**20,
+                                "database_mb": _db_mb(database),
+                                "killed_after": step + 1 in kills,
+                            }
+                        )
+                    seen, last = done, now
+                    print(f"step {seen}/{args.steps}: {rows[-1]}", flush=True)
+                    if seen % args.kill_every == 0 and seen < args.steps and pid:
+                        os.killpg(os.getpgid(pid), signal.SIGKILL)  # the flow process alone: the worker lives
+                        kills.append(seen)
+                        rows[-1]["killed_after"] = True
+                        print(f"killed the flow process {pid} after step {seen}", flush=True)
+                time.sleep(1)
+            writers = read_writers(run_dir)
+            executions = read_manifest(run_dir / "manifest.json")["executions"]
+        finally:
+            for proc in procs:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+    restarted = [r for r in rows if r["killed_after"]]
+    doc = {
+        "steps": args.steps,
+        "kills": kills,
+        "writers": len([w for w in writers if w["outcome"] == "writer"]),
+        "refused_or_duplicate": len([w for w in writers if w["outcome"] != "writer"]),
+        "task_executions": len(executions),
+        "tasks": args.steps * TASKS_PER_STEP,
+        "rows": rows,
+        "growth_per_step": {k: _growth(rows, k) for k in ("seconds", "flow_rss_mb", "run_dir_mb", "database_mb")},
+        "median_step_s": sorted(r["seconds"] for r in rows if not r["killed_after"])[len(rows) // 2] if rows else None,
+        "steps_after_a_kill_s": [round(r["seconds"], 1) for r in rows if r["step"] - 1 in [x["step"] for x in restarted]],
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "soak.json").write_text(json.dumps(doc, indent=2) + "\n")
+    _plot(rows, kills, args.out / "soak.png")
+    (args.out / "soak.md").write_text(_markdown(doc))
+    print((args.out / "soak.md").read_text())
+    shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+def _plot(rows: list[dict], kills: list[int], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(4, 1, figsize=(8, 10), sharex=True)
+    for ax, key, label in zip(
+        axes,
+        ("seconds", "flow_rss_mb", "run_dir_mb", "database_mb"),
+        ("step time (s)", "flow process RSS (MiB)", "run directory (MiB)", "Prefect database (MiB)"),
+        strict=True,
+    ):
+        ax.plot([r["step"] for r in rows], [r[key] if r[key] is not None else float("nan") for r in rows], lw=1)
+        for k in kills:
+            ax.axvline(k - 0.5, color="red", lw=0.5, alpha=0.6)
+        ax.set_ylabel(label)
+    axes[-1].set_xlabel("step (red: flow process SIGKILLed, restarted by the automation)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def _markdown(doc: dict) -> str:
+    g = doc["growth_per_step"]
+    lines = [
+        "# Soak: a toy run on a Prefect server (PostgreSQL), its flow process killed every "
+        f"{doc['kills'][1] - doc['kills'][0] if len(doc['kills']) > 1 else '?'} steps",
+        "",
+        "`python benchmarks/soak.py` (benchmarks/soak.py says what it does). Figures of one machine (2 cores), one run.",
+        "",
+        f"- {doc['steps']} steps, {len(doc['kills'])} kills (after steps {', '.join(map(str, doc['kills']))}), each restarted by "
+        "the automations with no command typed",
+        f"- writers of the run directory: {doc['writers']} (1 + one per kill); "
+        f"refused or duplicate attempts: {doc['refused_or_duplicate']}",
+        f"- task executions: {doc['task_executions']} for {doc['tasks']} tasks",
+        f"- median step time {doc['median_step_s']:.2f} s; the steps that followed a kill (restart included): "
+        f"{', '.join(map(str, doc['steps_after_a_kill_s']))} s",
+        "",
+        "| per step | growth over the first half | over the second half |",
+        "|---|---|---|",
+    ]
+    for key, label in (
+        ("seconds", "step time (s)"),
+        ("flow_rss_mb", "flow process RSS (MiB)"),
+        ("run_dir_mb", "run directory (MiB)"),
+        ("database_mb", "Prefect database (MiB)"),
+    ):
+        lines.append(f"| {label} | {g[key]['first_half']:+.4f} | {g[key]['second_half']:+.4f} |")
+    lines += ["", "![soak](soak.png)", ""]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
