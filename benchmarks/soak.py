@@ -159,26 +159,28 @@ def main(argv: list[str] | None = None) -> int:
                 json.dumps({"config_path": str(work / "soak.yaml")}),
             )
             print(out.strip().splitlines()[-1], flush=True)
-            t0, last, seen = time.monotonic(), time.monotonic(), 0
+            t0, seen = time.monotonic(), 0
             while seen < args.steps:
                 if time.monotonic() - t0 > args.timeout:
                     raise SystemExit(f"gave up after {args.timeout:.0f} s at step {seen}")
                 done = _finished_steps(run_dir)
                 if done > seen:
-                    now = time.monotonic()
                     pid = _writer_pid(run_dir)
+                    finished = read_manifest(run_dir / "manifest.json")["tasks"]
                     for step in range(seen, done):
+                        end = finished[f"{step}/train"]["finished"]
+                        start_ = finished[f"{step - 1}/train"]["finished"] if step else finished["0/select_parents"]["started"]
                         rows.append(
                             {
                                 "step": step,
-                                "seconds": (now - last) / (done - seen),
+                                "seconds": end - start_,  # from the previous step's end: a restart's time counts
                                 "flow_rss_mb": _rss_mb(pid) if pid else None,
                                 "run_dir_mb": _du(run_dir) / 2**20,
                                 "database_mb": _db_mb(database),
                                 "killed_after": step + 1 in kills,
                             }
                         )
-                    seen, last = done, now
+                    seen = done
                     print(f"step {seen}/{args.steps}: {rows[-1]}", flush=True)
                     if seen % args.kill_every == 0 and seen < args.steps and pid:
                         os.killpg(os.getpgid(pid), signal.SIGKILL)  # the flow process alone: the worker lives
