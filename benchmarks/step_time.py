@@ -26,8 +26,7 @@ from gpu_common import NEEDS_GPU, gpu_name, has_cuda, has_vllm, random_model, ta
 
 from discover import steps
 from discover.config import parse_config
-
-TASKS = ("select_parents", "generate", "evaluate", "update_archive", "train")
+from discover.run import TASKS
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         times = []
         for task in TASKS:
             t = time.perf_counter()
-            getattr(steps, task)(run, step)
+            steps.STEP_FUNCTIONS[task](run, step)
             times.append(time.perf_counter() - t)
             print(f"step {step} {task}: {times[-1]:.1f} s", flush=True)
         total = sum(times)

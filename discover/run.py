@@ -6,13 +6,16 @@ down: the step functions (discover/steps.py), the step's evaluation, the metrics
 the status all take it, and none reads config.yaml again. That is safe because config.yaml never
 changes after `Run.create`; the problem is built once per `Run`, on first use.
 
-The five step functions read their inputs only through `Run.reads`, and the Prefect cache key of a
-task (flows/cache.py) hashes exactly those files, so a step that starts to read a new file cannot
-leave its cache key stale: the file has to be declared here first.
+Each task of a step is declared once, here (`StepTask`: its name, the files it reads, the file it
+writes; `STEP_TASKS` in order); discover/steps.py binds each to its function (`steps.runs`), the
+flows make Prefect tasks of them, and nothing else spells a task's name. The step functions read
+their inputs only through `Run.reads` (generate's digest of its inputs, which keeps an interrupted
+generate's rollouts apart from another's, hashes exactly those files).
 
-A task the manifest records as finished is never run again (`finished_output`), whatever changed in
-the code or the environment since; `redo_from` is the one way to recompute steps on purpose
-(docs/operations.md, "Upgrading during a run").
+The manifest is the one record of what is finished: a task it records is never run again
+(`finished_output`), whatever changed in the code or the environment since, and a task it does not
+record runs (Prefect caches nothing of its own). `redo_from` is the one way to recompute steps on
+purpose (docs/operations.md, "Upgrading during a run").
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import json
 import shutil
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -36,10 +40,6 @@ from storage.atomic import atomic_write_json, atomic_write_text, content_hash
 from storage.layout import RunLayout
 from storage.manifest import forget_steps, read_manifest, redo_epoch, task_entry
 from storage.tables import read_records, write_records
-
-TASKS = ("select_parents", "generate", "evaluate", "update_archive", "train")
-# Independent random streams per purpose: same run seed, same draws, whatever ran before.
-_STREAMS = {"seeds": 0, "select_parents": 1, "generate": 2, "train": 3, "policy_init": 4, "seed_eval": 5, "neighbourhood": 6}
 
 Ref = dict[str, str]
 
@@ -91,28 +91,11 @@ class Run:
 
     # -- what each task reads and writes ----------------------------------------------------
 
-    def reads(self, task: str, step: int) -> dict[str, Path]:
+    def reads(self, task: StepTask | str, step: int) -> dict[str, Path]:
         """The files `task` of `step` reads, by name (a checkpoint is a directory)."""
-        L = self.layout
-        return {
-            "select_parents": {"archive": L.archive(step)},
-            "generate": {
-                "parents": L.parents(step),
-                "checkpoint": L.checkpoint(step),
-                "archive": L.archive(step),
-                **self._past_rollouts(step),
-            },
-            "evaluate": {"archive": L.archive(step), "rollouts": L.rollouts(step)},
-            "update_archive": {"archive": L.archive(step), "parents": L.parents(step), "evaluations": L.evaluations(step)},
-            "train": {
-                "rollouts": L.rollouts(step),
-                "evaluations": L.evaluations(step),
-                "checkpoint": L.checkpoint(step),
-                "archive": L.archive(step),
-            },
-        }[task]
+        return step_task(task).reads(self, step)
 
-    def _past_rollouts(self, step: int) -> dict[str, Path]:
+    def past_rollouts(self, step: int) -> dict[str, Path]:
         """Mixed groups (docs/method.md §6, MIGRATE) also read the rollouts that produced the best
         states of the archive entering `step`: files of earlier steps, never rewritten."""
         m = self.config.mixed
@@ -122,23 +105,16 @@ class Run:
         steps = sorted({s.step for s in load_archive(archive).best_non_seeds(max(m.greedy, 1))})  # discover/mixed.py reads these
         return {f"rollouts-{s:04d}": self.layout.rollouts(s) for s in steps}
 
-    def writes(self, task: str, step: int) -> Path:
-        """The output of `task` of `step` that its reference points to and the next tasks read
-        (train also writes its statistics, steps/NNNN/train.json, which nothing reads back)."""
-        L = self.layout
-        return {
-            "select_parents": L.parents(step),
-            "generate": L.rollouts(step),
-            "evaluate": L.evaluations(step),
-            "update_archive": L.archive(step + 1),
-            "train": L.checkpoint(step + 1),
-        }[task]
+    def writes(self, task: StepTask | str, step: int) -> Path:
+        """The output of `task` of `step` that its reference points to and the next tasks read."""
+        return step_task(task).writes(self.layout, step)
 
-    def finished_output(self, task: str, step: int) -> Ref | None:
+    def finished_output(self, task: StepTask | str, step: int) -> Ref | None:
         """The reference `task` of `step` returned when it finished (manifest.json), or None when it
         has not finished. A finished task is never run again: its output is used as it is, after
         checking that it is still the file the task wrote (RunDirError otherwise, saying how to
         recompute)."""
+        task = step_task(task).name
         entry = task_entry(self.layout.manifest, step, task)
         if entry is None:
             return None
@@ -198,7 +174,7 @@ class Run:
     def _started_steps(self) -> list[int]:
         return sorted({int(key.split("/")[0]) for key in read_manifest(self.layout.manifest)["tasks"]})
 
-    def input_hashes(self, task: str, step: int) -> dict[str, str]:
+    def input_hashes(self, task: StepTask | str, step: int) -> dict[str, str]:
         """Content hash of each input of a task ("missing" for one not written yet)."""
         return {name: content_hash(p) if p.exists() else "missing" for name, p in self.reads(task, step).items()}
 
@@ -229,6 +205,72 @@ class Run:
         if not archives:
             raise FileNotFoundError(f"{self.root} has no archive yet")
         return archives[-1]
+
+
+@dataclass(frozen=True)
+class StepTask:
+    """One task of a step (docs/method.md §1), declared once: its name (also its Prefect task's and
+    its key in manifest.json), the files it reads and the one file or folder it writes (train also
+    writes its statistics, steps/NNNN/train.json, which nothing reads back)."""
+
+    name: str
+    reads: Callable[[Run, int], dict[str, Path]]
+    writes: Callable[[RunLayout, int], Path]
+
+
+SELECT_PARENTS = StepTask("select_parents", lambda run, s: {"archive": run.layout.archive(s)}, lambda L, s: L.parents(s))
+GENERATE = StepTask(
+    "generate",
+    lambda run, s: {
+        "parents": run.layout.parents(s),
+        "checkpoint": run.layout.checkpoint(s),
+        "archive": run.layout.archive(s),
+        **run.past_rollouts(s),
+    },
+    lambda L, s: L.rollouts(s),
+)
+EVALUATE = StepTask(
+    "evaluate", lambda run, s: {"archive": run.layout.archive(s), "rollouts": run.layout.rollouts(s)}, lambda L, s: L.evaluations(s)
+)
+UPDATE_ARCHIVE = StepTask(
+    "update_archive",
+    lambda run, s: {"archive": run.layout.archive(s), "parents": run.layout.parents(s), "evaluations": run.layout.evaluations(s)},
+    lambda L, s: L.archive(s + 1),
+)
+TRAIN = StepTask(
+    "train",
+    lambda run, s: {
+        "rollouts": run.layout.rollouts(s),
+        "evaluations": run.layout.evaluations(s),
+        "checkpoint": run.layout.checkpoint(s),
+        "archive": run.layout.archive(s),
+    },
+    lambda L, s: L.checkpoint(s + 1),
+)
+STEP_TASKS = (SELECT_PARENTS, GENERATE, EVALUATE, UPDATE_ARCHIVE, TRAIN)  # in the order a step runs them
+TASKS = tuple(t.name for t in STEP_TASKS)
+_BY_NAME = {t.name: t for t in STEP_TASKS}
+
+# Independent random streams per purpose: same run seed, same draws, whatever ran before.
+_STREAMS = {
+    "seeds": 0,
+    SELECT_PARENTS.name: 1,
+    GENERATE.name: 2,
+    TRAIN.name: 3,
+    "policy_init": 4,
+    "seed_eval": 5,
+    "neighbourhood": 6,
+}
+
+
+def step_task(task: StepTask | str) -> StepTask:
+    """The declaration of `task` (itself, or by name); KeyError naming the tasks there are."""
+    if isinstance(task, StepTask):
+        return task
+    try:
+        return _BY_NAME[task]
+    except KeyError:
+        raise KeyError(f"no step task {task!r}; the tasks are {', '.join(TASKS)}") from None
 
 
 def stream_seed(run_seed: int, purpose: str, step: int) -> int:

@@ -31,7 +31,22 @@ from discover.preflight import preflight
 from discover.prompts import build_context
 from discover.records import Evaluation, Rollout, State
 from discover.reuse import select_parents as choose_parents
-from discover.run import Ref, Run, draw_seeds, load_archive, read_evaluations, read_rollouts, save_archive
+from discover.run import (
+    EVALUATE,
+    GENERATE,
+    SELECT_PARENTS,
+    STEP_TASKS,
+    TRAIN,
+    UPDATE_ARCHIVE,
+    Ref,
+    Run,
+    StepTask,
+    draw_seeds,
+    load_archive,
+    read_evaluations,
+    read_rollouts,
+    save_archive,
+)
 from evaluators.base import EvalResult
 from evaluators.sandbox import sandbox_for
 from storage.atomic import atomic_dir, atomic_write_json
@@ -39,6 +54,26 @@ from storage.rollout_parts import RolloutParts
 from storage.tables import read_records, write_records
 
 log = logging.getLogger("discover")
+
+# The function of each step task (discover/run.py `STEP_TASKS`), by the task's name: bound by `runs`.
+STEP_FUNCTIONS: dict[str, Callable[..., Ref]] = {}
+
+
+def runs(task: StepTask) -> Callable[[Callable[..., Ref]], Callable[..., Ref]]:
+    """Bind the decorated function to the step task `task` declares: it is what that task runs."""
+
+    def bind(fn: Callable[..., Ref]) -> Callable[..., Ref]:
+        if task.name in STEP_FUNCTIONS:
+            raise RuntimeError(f"step task {task.name} is bound twice")
+        STEP_FUNCTIONS[task.name] = fn
+        return fn
+
+    return bind
+
+
+def step_function(task: StepTask) -> Callable[..., Ref]:
+    """The function `task` runs (looked up at call time, so a test's wrapper of it is used)."""
+    return STEP_FUNCTIONS[task.name]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -109,12 +144,13 @@ def _seed_states(run: Run) -> list[State]:
 # The five tasks of a step.
 
 
+@runs(SELECT_PARENTS)
 def select_parents(run: Run, step: int) -> Ref:
     """docs/method.md §1.1 and §3: choose G start states from the archive and build one context per group."""
-    config, inputs = run.config, run.reads("select_parents", step)
+    config, inputs = run.config, run.reads(SELECT_PARENTS, step)
     archive = load_archive(inputs["archive"])
     problem = run.problem()
-    rng = np.random.default_rng(run.seed("select_parents", step))
+    rng = np.random.default_rng(run.seed(SELECT_PARENTS.name, step))
     chosen = choose_parents(archive, config.reuse.rule, config.groups, rng, c=config.reuse.puct_c, epsilon=config.reuse.epsilon)
     groups = []
     for g, parent_id in enumerate(chosen):
@@ -129,12 +165,13 @@ def select_parents(run: Run, step: int) -> Ref:
             answer_format=config.sampling.answer_format,
         )
         groups.append({"group": g, "parent_id": parent_id, "parent_reward": s.reward, "context": context})
-    out = run.writes("select_parents", step)
+    out = run.writes(SELECT_PARENTS, step)
     atomic_write_json(out, {"step": step, "rule": config.reuse.rule, "groups": groups})
     log.info("step %d select_parents: %s", step, ", ".join(f"{g['parent_id']} ({g['parent_reward']:.4f})" for g in groups))
     return run.ref(out)
 
 
+@runs(GENERATE)
 def generate(run: Run, step: int, on_rollout: Callable[[Rollout], None] | None = None) -> Ref:
     """docs/method.md §1.2 and §4: K rollouts per context from the policy of this step, with log-probs.
 
@@ -150,7 +187,7 @@ def generate(run: Run, step: int, on_rollout: Callable[[Rollout], None] | None =
     only: the greedy and neighbourhood slots are made again and re-scored as one batch, as in an
     uninterrupted step.
     """
-    config, inputs = run.config, run.reads("generate", step)
+    config, inputs = run.config, run.reads(GENERATE, step)
     parents = json.loads(inputs["parents"].read_text())["groups"]
     k, m = config.rollouts_per_group, config.mixed
     past = best_past_rollouts(load_archive(inputs["archive"]), run.layout.rollouts, max(m.greedy, 1)) if m.greedy or m.neighbourhood else []
@@ -182,7 +219,7 @@ def generate(run: Run, step: int, on_rollout: Callable[[Rollout], None] | None =
         run.layout.generate_stats(step),
         {"rollouts_reused": len(stored), "rollouts_generated": len(rollouts) - len(stored), "tokens": tokens, "seconds": seconds},
     )
-    out = run.writes("generate", step)
+    out = run.writes(GENERATE, step)
     write_records(out, rollouts, Rollout, {_GENERATE_INPUTS: digest})
     parts.remove()  # the output holds them all now
     log.info(
@@ -203,7 +240,7 @@ _GENERATE_INPUTS = "generate_inputs"  # the output file's metadata: the digest o
 def _generate_digest(run: Run, step: int) -> str:
     """What a stored rollout must have been generated from to be reused: the content of every
     file generate reads (parents, checkpoint, archive, past rollouts) and the step's seeds."""
-    what = {"inputs": run.input_hashes("generate", step), "seeds": [run.seed("generate", step), run.seed("neighbourhood", step)]}
+    what = {"inputs": run.input_hashes(GENERATE, step), "seeds": [run.seed(GENERATE.name, step), run.seed("neighbourhood", step)]}
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
 
 
@@ -211,7 +248,7 @@ def _stored_rollouts(run: Run, step: int, parts: RolloutParts[Rollout], digest: 
     """The rollouts of `step` a previous attempt finished, by (group, index): the stored records,
     or every row of an output file already written from the same inputs (an attempt killed after
     writing it, before the manifest recorded it)."""
-    out = run.writes("generate", step)
+    out = run.writes(GENERATE, step)
     if out.is_file():
         rows, meta = read_records(out, Rollout)
         if meta.get(_GENERATE_INPUTS) == digest:
@@ -246,7 +283,7 @@ def _sample(
             contexts,
             config.rollouts_per_group,
             sampling,
-            run.seed("generate", step),
+            run.seed(GENERATE.name, step),
             run.seed("neighbourhood", step),
             past,
             m.greedy,
@@ -255,7 +292,7 @@ def _sample(
             prompt_ids=prompts,
         )
     else:
-        stream = policy.sample_stream(contexts, config.rollouts_per_group, sampling, run.seed("generate", step), skip)
+        stream = policy.sample_stream(contexts, config.rollouts_per_group, sampling, run.seed(GENERATE.name, step), skip)
     rollouts = []
     for g, k, completion in stream:
         rollout = Rollout.of(completion, group=parents[g]["group"], index=k, parent_id=parents[g]["parent_id"])
@@ -266,6 +303,7 @@ def _sample(
     return rollouts
 
 
+@runs(EVALUATE)
 def evaluate(run: Run, step: int, evaluation: StepEvaluation | None = None) -> Ref:
     """docs/method.md §1.3: parse each rollout into a candidate and score it in the problem's sandbox.
 
@@ -274,14 +312,14 @@ def evaluate(run: Run, step: int, evaluation: StepEvaluation | None = None) -> R
     Either way each distinct candidate is evaluated once and stored as it finishes, so this task,
     run again, evaluates only what had not finished (discover/evaluation.py).
     """
-    rollouts = read_rollouts(run.reads("evaluate", step)["rollouts"])
+    rollouts = read_rollouts(run.reads(EVALUATE, step)["rollouts"])
     t0 = time.time()
     if evaluation is None:
         with thread_pool(run.config.sandbox.concurrency) as submit:
             evaluations = StepEvaluation(run, step, submit).collect(rollouts)
     else:
         evaluations = evaluation.collect(rollouts)
-    out = run.writes("evaluate", step)
+    out = run.writes(EVALUATE, step)
     write_records(out, evaluations, Evaluation)
     rewards = [e.reward for e in evaluations]
     log.info(
@@ -296,30 +334,32 @@ def evaluate(run: Run, step: int, evaluation: StepEvaluation | None = None) -> R
     return run.ref(out)
 
 
+@runs(UPDATE_ARCHIVE)
 def update_archive(run: Run, step: int) -> Ref:
     """docs/method.md §1.4 and §3: expansion statistics, top children per parent, the size cap."""
-    config, inputs = run.config, run.reads("update_archive", step)
+    config, inputs = run.config, run.reads(UPDATE_ARCHIVE, step)
     archive = load_archive(inputs["archive"])
     parents = [g["parent_id"] for g in json.loads(inputs["parents"].read_text())["groups"]]
     problem = run.problem()
     children = read_evaluations(inputs["evaluations"])
     new = apply_archive_update(archive, step, parents, children, lambda e: problem.archive_key(e.code, e.construction), config.reuse)
-    out = run.writes("update_archive", step)
+    out = run.writes(UPDATE_ARCHIVE, step)
     save_archive(out, new)
     best = new.best()
     log.info("step %d update_archive: %d states, best %s (%.6f)", step, len(new), best.id, best.reward)
     return run.ref(out)
 
 
+@runs(TRAIN)
 def train(run: Run, step: int) -> Ref:
     """docs/method.md §1.5 and §2: one optimizer step of the LoRA policy on all G x K rollouts."""
-    config, inputs = run.config, run.reads("train", step)
+    config, inputs = run.config, run.reads(TRAIN, step)
     rollouts = read_rollouts(inputs["rollouts"])
     evaluations = read_evaluations(inputs["evaluations"])
     rewards, lazy = training_rewards(run, evaluations, inputs["archive"])
     advantages, stats = step_advantages(rollouts, rewards, config.train)
     stats["lazy_children"] = lazy
-    src, dst = inputs["checkpoint"], run.writes("train", step)
+    src, dst = inputs["checkpoint"], run.writes(TRAIN, step)
     t0 = time.time()
     stats["optimizer_step"] = config.train.objective != "none" and not _nothing_to_learn(stats, src)
     if stats["optimizer_step"]:
@@ -439,3 +479,7 @@ def lazy_rewards(
 def best_state(run: Run) -> State:
     """The best state of the newest archive of a run."""
     return load_archive(run.newest_archive()).best()
+
+
+if {t.name for t in STEP_TASKS} != set(STEP_FUNCTIONS):  # every declared task runs exactly one function of this module
+    raise RuntimeError(f"step tasks without a function: {sorted({t.name for t in STEP_TASKS} - set(STEP_FUNCTIONS))}")

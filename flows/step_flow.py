@@ -5,8 +5,8 @@ it): with `evaluation.overlap` each starts as soon as its rollout is generated, 
 evaluation overlap; `evaluate` then waits for the last of them and writes the step's table.
 
 A task the run's manifest records as finished is not called again: its recorded output is used as
-it is (`Run.finished_output`), whatever changed in the code since. The others run, or come from
-Prefect's cache (flows/cache.py).
+it is (`Run.finished_output`), whatever changed in the code since. The others run (the manifest is
+the one record of what finished; Prefect caches nothing of them, flows/tasks.py).
 
 `run_step` starts the step as a subflow of the run's flow run, named `<run>-step-<N>` and tagged
 with the run and the step (flows/naming.py). It creates the subflow run itself, keyed by the step:
@@ -19,42 +19,20 @@ process died) are put in a final state, with the task runs they left RUNNING.
 from __future__ import annotations
 
 import logging
-import os
-import time
-from pathlib import Path
 from typing import Any
 
 from prefect import Task, flow
 from prefect.context import FlowRunContext
 
-from discover.run import Ref, Run
+from discover.run import EVALUATE, GENERATE, SELECT_PARENTS, TRAIN, UPDATE_ARCHIVE, Ref, Run, StepTask
 from flows import tasks
 from flows.evaluation import step_evaluation
 from flows.logs import forward_project_logs
 from flows.naming import run_tag, step_run_name
 from flows.recovery import end_superseded_runs
 from flows.writer import at_task_boundary
-from storage.manifest import record_task, task_entry
-
-RESULT_STORAGE_ENV = "DISCOVER_RESULT_STORAGE"
 
 log = logging.getLogger("discover")
-
-
-def result_storage(run: Run) -> Path | str:
-    """Where task results (small references) live, so a resumed run finds its cache.
-
-    Default RUN_DIR/prefect-results, beside the run. DISCOVER_RESULT_STORAGE overrides it for runs
-    retried on other workers or containers: an absolute path (a shared mount; one folder per run id
-    below it) or a Prefect block slug such as `s3-bucket/discover-results`. Prefect takes a `Path`
-    as local-file-system storage; the JSON serializer keeps the results readable.
-    """
-    shared = os.environ.get(RESULT_STORAGE_ENV, "").strip()
-    if not shared:
-        return run.layout.prefect_results.resolve()
-    if shared.startswith("/"):
-        return Path(shared) / run.run_id
-    return shared  # a block document slug, "<block-type>/<block-name>"
 
 
 @flow(name="discovery-step", flow_run_name="step-{step}")
@@ -62,27 +40,22 @@ def discovery_step(run_dir: str, step: int) -> dict[str, Ref]:
     """Run the five tasks of `step`; a task the manifest records as finished is not run again."""
     forward_project_logs()
     run = Run.open(run_dir)
-    storage = result_storage(run)
 
-    def run_task(t: Any, **kwargs: Any) -> Ref:
-        """The task's output: as recorded when it finished before, else from running it (or Prefect's cache)."""
-        done = run.finished_output(t.name, step)
+    def run_task(spec: StepTask, **options: Any) -> Ref:
+        """The task's output: as the manifest recorded it when it finished before, else from running it."""
+        done = run.finished_output(spec, step)
         if done is not None:
-            log.info("step %d %s: finished before (manifest.json), not run again", step, t.name)
+            log.info("step %d %s: finished before (manifest.json), not run again", step, spec.name)
             return done
-        at_task_boundary(run, f"{t.name} of step {step}")  # a cancelled flow run stops here
-        ref = t.with_options(result_storage=storage, result_serializer="json")(run, step, **kwargs)
-        if task_entry(run.layout.manifest, step, t.name) is None:  # from Prefect's cache: finished, not executed now
-            now = time.time()
-            record_task(run.layout.manifest, step, t.name, ref, now, now, executed=False)
-        return ref
+        at_task_boundary(run, f"{spec.name} of step {step}")  # a cancelled flow run stops here
+        return tasks.STEP_TASK_RUNS[spec.name](run, step, **options)
 
-    parents = run_task(tasks.select_parents)
+    parents = run_task(SELECT_PARENTS)
     with step_evaluation(run, step):
-        rollouts = run_task(tasks.generate, overlap=run.config.evaluation.overlap)
-        evaluations = run_task(tasks.evaluate)
-    archive = run_task(tasks.update_archive)
-    checkpoint = run_task(tasks.train)
+        rollouts = run_task(GENERATE, overlap=run.config.evaluation.overlap)
+        evaluations = run_task(EVALUATE)
+    archive = run_task(UPDATE_ARCHIVE)
+    checkpoint = run_task(TRAIN)
     return {"parents": parents, "rollouts": rollouts, "evaluations": evaluations, "archive": archive, "checkpoint": checkpoint}
 
 

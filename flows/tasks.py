@@ -1,10 +1,12 @@
-"""Prefect tasks: each calls one function of discover/steps.py and passes references.
+"""Prefect tasks: one per step task that discover/run.py declares (`STEP_TASKS`), each running the
+function discover/steps.py binds to it and recording it in the run's manifest, plus `initialise`.
 
-Each takes the opened run (`Run`, opened once by the flow that calls it) and the step. The step
-flow does not call a task the manifest records as finished (flows/step_flow.py); for the others,
-cache keys come from flows/cache.py (the task's source, the code its step function runs, the run
-id, its redo epoch, the step and the hashes of exactly the files the task reads). Retries are for
-infrastructure only: a candidate's own failure is a reward of 0 inside `evaluate`, never an exception.
+Each takes the opened run (`Run`, opened once by the flow that calls it) and the step, and returns
+the small reference its function returns. The manifest is the one record of what finished: the step
+flow does not call a task it records (flows/step_flow.py), and Prefect caches nothing of these tasks
+(`NO_CACHE`, results not persisted), so there is no second record to disagree with it. Retries are
+for infrastructure only: a candidate's own failure is a reward of 0 inside `evaluate`, never an
+exception.
 
 With overlap, `generate` hands each rollout to the step's evaluation (flows/evaluation.py) as it
 is finished; `evaluate` waits for the last candidate and writes the step's table.
@@ -18,16 +20,13 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
-from prefect import task
+from prefect import Task, task
+from prefect.cache_policies import NO_CACHE
 
 from discover import steps
-from discover.run import TASKS, Ref, Run
-from flows.cache import step_cache_policy
+from discover.run import EVALUATE, GENERATE, STEP_TASKS, Ref, Run, StepTask
 from flows.evaluation import GPU_LIMIT_ENV, current_evaluation, retry_infrastructure_only
 from storage.manifest import record_task
-
-# The task names, defined once in discover/run.py; each is also the name of its step function.
-SELECT_PARENTS, GENERATE, EVALUATE, UPDATE_ARCHIVE, TRAIN = TASKS
 
 
 def _seed_gpu_slots(run: Run) -> AbstractContextManager[Any]:
@@ -42,54 +41,43 @@ def _seed_gpu_slots(run: Run) -> AbstractContextManager[Any]:
     return concurrency(limit, occupy=run.config.sandbox.concurrency, strict=True)
 
 
-def _run_step(name: str, run: Run, step: int, **kwargs: Any) -> Ref:
-    """Call `discover.steps.<name>` and record it in the run's manifest."""
-    started = time.time()
-    ref = getattr(steps, name)(run, step, **kwargs)
-    record_task(run.layout.manifest, step, name, ref, started, time.time())
-    return ref
+def _generate_options(run: Run, step: int, overlap: bool = False) -> dict[str, Any]:
+    """With `overlap`, each rollout starts evaluating as soon as it is generated (`step_evaluation`)."""
+    evaluation = current_evaluation(run, step) if overlap else None
+    return {"on_rollout": evaluation.add if evaluation is not None else None}
 
 
-def _step_task(name: str) -> Callable[[Callable[..., Any]], Any]:
+def _evaluate_options(run: Run, step: int) -> dict[str, Any]:
+    """The step's evaluation, where overlapped candidates may already be running."""
+    return {"evaluation": current_evaluation(run, step)}
+
+
+# What a task's function gets beyond (run, step), from the options the step flow passes.
+_OPTIONS: dict[str, Callable[..., dict[str, Any]]] = {GENERATE.name: _generate_options, EVALUATE.name: _evaluate_options}
+
+
+def _prefect_task(spec: StepTask) -> Task[..., Ref]:
+    def run_step_task(run: Run, step: int, **options: Any) -> Ref:
+        started = time.time()
+        extra = _OPTIONS[spec.name](run, step, **options) if spec.name in _OPTIONS else {}
+        ref = steps.step_function(spec)(run, step, **extra)
+        record_task(run.layout.manifest, step, spec.name, ref, started, time.time())
+        return ref
+
+    run_step_task.__qualname__ = run_step_task.__name__ = f"step_task_{spec.name}"  # Prefect's task key: one per task
+    run_step_task.__doc__ = f"Step task {spec.name}: run its function and record it in the manifest."
     return task(
-        name=name,
-        cache_policy=step_cache_policy(name),
-        persist_result=True,
+        name=spec.name,
+        cache_policy=NO_CACHE,
+        persist_result=False,
         retries=2,
         retry_delay_seconds=[10, 60],
         retry_condition_fn=retry_infrastructure_only,
-    )
+    )(run_step_task)
 
 
-@_step_task(SELECT_PARENTS)
-def select_parents(run: Run, step: int) -> Ref:
-    """Choose the step's start states and build their contexts."""
-    return _run_step(SELECT_PARENTS, run, step)
-
-
-@_step_task(GENERATE)
-def generate(run: Run, step: int, overlap: bool = False) -> Ref:
-    """Sample the rollouts; with `overlap`, each starts evaluating as soon as it is finished (`step_evaluation`)."""
-    evaluation = current_evaluation(run, step) if overlap else None
-    return _run_step(GENERATE, run, step, on_rollout=evaluation.add if evaluation is not None else None)
-
-
-@_step_task(EVALUATE)
-def evaluate(run: Run, step: int) -> Ref:
-    """Score every rollout's candidate in the problem's sandbox."""
-    return _run_step(EVALUATE, run, step, evaluation=current_evaluation(run, step))
-
-
-@_step_task(UPDATE_ARCHIVE)
-def update_archive(run: Run, step: int) -> Ref:
-    """Add the step's best children to the archive."""
-    return _run_step(UPDATE_ARCHIVE, run, step)
-
-
-@_step_task(TRAIN)
-def train(run: Run, step: int) -> Ref:
-    """One optimizer step of the LoRA policy."""
-    return _run_step(TRAIN, run, step)
+# The Prefect task of each step task, by its name.
+STEP_TASK_RUNS: dict[str, Task[..., Ref]] = {spec.name: _prefect_task(spec) for spec in STEP_TASKS}
 
 
 @task(name="initialise", retries=1, retry_delay_seconds=10, retry_condition_fn=retry_infrastructure_only)

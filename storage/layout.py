@@ -37,10 +37,6 @@ class RunLayout:
     def manifest(self) -> Path:
         return self.root / "manifest.json"
 
-    @property
-    def prefect_results(self) -> Path:
-        return self.root / "prefect-results"
-
     def archive(self, step: int) -> Path:
         """The archive entering `step` (step 0: the seeds)."""
         return self.root / "archive" / f"{step:04d}.parquet"
