@@ -139,8 +139,8 @@ class Run:
         return step
 
     def epoch(self) -> int:
-        """How many times steps of this run were recomputed on purpose (`redo_from`); part of every
-        task's cache key, so a recomputed step never takes a result Prefect cached before."""
+        """How many times steps of this run were recomputed on purpose (`redo_from`; manifest.json
+        `redos` says when and from which step)."""
         return redo_epoch(self.layout.manifest)
 
     def redo_from(self, step: int) -> Path:
