@@ -3,7 +3,8 @@
 While one process works on a run, a second `discover resume` or `discover run` of it writes nothing
 and says who holds it (host, pid, flow run), without cancelling the live one's flow run; a duplicate
 attempt of the same flow run (a crash reported twice, restarted twice) ends at once without a state;
-a flow run cancelled on the server stops at the next task boundary, and resumes later. Each run ends
+a flow run cancelled on the server stops at the next task boundary, and resumes later, and a second
+resume of a resuming run is refused. Each run ends
 with every task executed once and the archive of an uninterrupted run. The holds come from
 tests/faults/sitecustomize.py (DISCOVER_HOLD_AT, released by RUN_DIR/.release).
 """
@@ -201,7 +202,15 @@ def test_one_writer_per_run_directory(tmp_path: Path, cli_env: dict[str, str], p
     assert [r["state_type"] for r in _flow_runs(prefect_server, cancel_dir)] == ["CANCELLED"]
     assert (1, "update_archive") not in _executions(cancel_dir)
     (cancel_dir / ".release").unlink()
-    code, out = _finish(_discover(["resume", str(cancel_dir)], cli_env))
+    (cancel_dir / ".held").unlink()
+    # 4. resume, then resume again while the first works: the second is refused, naming the first
+    resumed = _discover(["resume", str(cancel_dir)], cli_env, DISCOVER_HOLD_AT="train:1:start")
+    pid = _wait_held(cancel_dir, resumed)
+    code, out = _finish(_discover(["resume", str(cancel_dir)], cli_env, DISCOVER_LEASE_WAIT_S="2"))
+    assert code != 0 and f"is being worked on by pid {pid} on " in out, out[-3000:]
+    _release(cancel_dir)
+    code, out = _finish(resumed)
     assert code == 0, out[-3000:]
+    assert [w["outcome"] for w in read_writers(cancel_dir)] == ["writer", "writer", "refused"]
     assert _executions(cancel_dir) == every_task_once
     assert archive_records(cancel_dir / "archive" / "0002.parquet") == reference
