@@ -78,15 +78,50 @@ def _writer_pid(run_dir: Path) -> int | None:
     return writers[-1]["pid"] if writers else None
 
 
+def _restart_steps(rows: list[dict]) -> set[int]:
+    """The steps that began with a restart (the step after each kill): their time holds the restart."""
+    return {r["step"] + 1 for r in rows if r["killed_after"]}
+
+
 def _growth(rows: list[dict], key: str) -> dict[str, float]:
-    """Per-step growth of `key` (least squares slope) over the first and the second half of the run."""
+    """Per-step growth of `key` (least squares slope) over the first and the second half of the run;
+    step times without the steps that began with a restart."""
     import numpy as np
 
+    skip = _restart_steps(rows) if key == "seconds" else set()
     half = len(rows) // 2
     out = {}
     for name, part in (("first_half", rows[:half]), ("second_half", rows[half:])):
-        pts = [(r["step"], r[key]) for r in part if r[key] is not None]
+        pts = [(r["step"], r[key]) for r in part if r[key] is not None and r["step"] not in skip]
         out[name] = float(np.polyfit(*zip(*pts, strict=True), 1)[0]) if len(pts) > 2 else float("nan")
+    return out
+
+
+def _processes(rows: list[dict]) -> list[dict]:
+    """The flow process's memory over each of its lives (from one kill to the next): first and last
+    RSS and the growth per step inside it, so a leak shows even though every kill resets it."""
+    import numpy as np
+
+    lives, current = [], []
+    for r in rows:
+        if r["flow_rss_mb"] is not None:
+            current.append(r)
+        if r["killed_after"]:
+            lives.append(current)
+            current = []
+    lives.append(current)
+    out = []
+    for life in lives:
+        if len(life) > 2:
+            slope = float(np.polyfit([r["step"] for r in life], [r["flow_rss_mb"] for r in life], 1)[0])
+            out.append(
+                {
+                    "steps": [life[0]["step"], life[-1]["step"]],
+                    "first_mb": life[0]["flow_rss_mb"],
+                    "last_mb": life[-1]["flow_rss_mb"],
+                    "mb_per_step": slope,
+                }
+            )
     return out
 
 
@@ -96,7 +131,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kill-every", type=int, default=20)
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     ap.add_argument("--timeout", type=float, default=3 * 3600, help="give up after this many seconds")
+    ap.add_argument("--from-json", type=Path, default=None, help="write soak.md and soak.png again from a soak.json")
     args = ap.parse_args(argv)
+    if args.from_json is not None:
+        doc = json.loads(args.from_json.read_text())
+        _report(doc, args.out)
+        return 0
 
     work = Path(tempfile.mkdtemp(prefix="discover-soak-"))
     procs: list[subprocess.Popen] = []
@@ -197,7 +237,6 @@ def main(argv: list[str] | None = None) -> int:
                 except ProcessLookupError:
                     pass
 
-    restarted = [r for r in rows if r["killed_after"]]
     doc = {
         "steps": args.steps,
         "kills": kills,
@@ -206,17 +245,26 @@ def main(argv: list[str] | None = None) -> int:
         "task_executions": len(executions),
         "tasks": args.steps * TASKS_PER_STEP,
         "rows": rows,
-        "growth_per_step": {k: _growth(rows, k) for k in ("seconds", "flow_rss_mb", "run_dir_mb", "database_mb")},
-        "median_step_s": sorted(r["seconds"] for r in rows if not r["killed_after"])[len(rows) // 2] if rows else None,
-        "steps_after_a_kill_s": [round(r["seconds"], 1) for r in rows if r["step"] - 1 in [x["step"] for x in restarted]],
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "soak.json").write_text(json.dumps(doc, indent=2) + "\n")
-    _plot(rows, kills, args.out / "soak.png")
-    (args.out / "soak.md").write_text(_markdown(doc))
-    print((args.out / "soak.md").read_text())
+    _report(doc, args.out)
     shutil.rmtree(work, ignore_errors=True)
     return 0
+
+
+def _report(doc: dict, out: Path) -> None:
+    """soak.json (with the figures derived from its rows), soak.png and soak.md in `out`."""
+    rows = doc["rows"]
+    restarts = _restart_steps(rows)
+    doc["growth_per_step"] = {k: _growth(rows, k) for k in ("seconds", "flow_rss_mb", "run_dir_mb", "database_mb")}
+    steady = sorted(r["seconds"] for r in rows if r["step"] not in restarts)
+    doc["median_step_s"] = steady[len(steady) // 2] if steady else None
+    doc["steps_after_a_kill_s"] = [round(r["seconds"], 1) for r in rows if r["step"] in restarts]
+    doc["flow_process_lives"] = _processes(rows)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "soak.json").write_text(json.dumps(doc, indent=2) + "\n")
+    _plot(rows, doc["kills"], out / "soak.png")
+    (out / "soak.md").write_text(_markdown(doc))
+    print((out / "soak.md").read_text())
 
 
 def _plot(rows: list[dict], kills: list[int], path: Path) -> None:
@@ -261,12 +309,18 @@ def _markdown(doc: dict) -> str:
         "|---|---|---|",
     ]
     for key, label in (
-        ("seconds", "step time (s)"),
+        ("seconds", "step time (s), restarts left out"),
         ("flow_rss_mb", "flow process RSS (MiB)"),
         ("run_dir_mb", "run directory (MiB)"),
         ("database_mb", "Prefect database (MiB)"),
     ):
         lines.append(f"| {label} | {g[key]['first_half']:+.4f} | {g[key]['second_half']:+.4f} |")
+    lines += ["", "The flow process's resident memory over each of its lives (a kill ends one):", ""]
+    lines += ["| steps | first (MiB) | last (MiB) | growth per step (MiB) |", "|---|---|---|---|"]
+    for life in doc["flow_process_lives"]:
+        lines.append(
+            f"| {life['steps'][0]}-{life['steps'][1]} | {life['first_mb']:.0f} | {life['last_mb']:.0f} | {life['mb_per_step']:+.2f} |"
+        )
     lines += ["", "![soak](soak.png)", ""]
     return "\n".join(lines)
 
