@@ -131,11 +131,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kill-every", type=int, default=20)
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     ap.add_argument("--timeout", type=float, default=3 * 3600, help="give up after this many seconds")
-    ap.add_argument("--from-json", type=Path, default=None, help="write soak.md and soak.png again from a soak.json")
+    ap.add_argument("--name", default="soak", help="the files' stem: NAME.json, NAME.md, NAME.png")
+    ap.add_argument("--from-json", type=Path, default=None, help="write the .md and .png again from a .json this wrote")
     args = ap.parse_args(argv)
     if args.from_json is not None:
         doc = json.loads(args.from_json.read_text())
-        _report(doc, args.out)
+        _report(doc, args.out, args.name)
         return 0
 
     work = Path(tempfile.mkdtemp(prefix="discover-soak-"))
@@ -246,13 +247,13 @@ def main(argv: list[str] | None = None) -> int:
         "tasks": args.steps * TASKS_PER_STEP,
         "rows": rows,
     }
-    _report(doc, args.out)
+    _report(doc, args.out, args.name)
     shutil.rmtree(work, ignore_errors=True)
     return 0
 
 
-def _report(doc: dict, out: Path) -> None:
-    """soak.json (with the figures derived from its rows), soak.png and soak.md in `out`."""
+def _report(doc: dict, out: Path, name: str = "soak") -> None:
+    """NAME.json (with the figures derived from its rows), NAME.png and NAME.md in `out`."""
     rows = doc["rows"]
     restarts = _restart_steps(rows)
     doc["growth_per_step"] = {k: _growth(rows, k) for k in ("seconds", "flow_rss_mb", "run_dir_mb", "database_mb")}
@@ -261,10 +262,10 @@ def _report(doc: dict, out: Path) -> None:
     doc["steps_after_a_kill_s"] = [round(r["seconds"], 1) for r in rows if r["step"] in restarts]
     doc["flow_process_lives"] = _processes(rows)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "soak.json").write_text(json.dumps(doc, indent=2) + "\n")
-    _plot(rows, doc["kills"], out / "soak.png")
-    (out / "soak.md").write_text(_markdown(doc))
-    print((out / "soak.md").read_text())
+    (out / f"{name}.json").write_text(json.dumps(doc, indent=2) + "\n")
+    _plot(rows, doc["kills"], out / f"{name}.png")
+    (out / f"{name}.md").write_text(_markdown(doc, name))
+    print((out / f"{name}.md").read_text())
 
 
 def _plot(rows: list[dict], kills: list[int], path: Path) -> None:
@@ -289,21 +290,30 @@ def _plot(rows: list[dict], kills: list[int], path: Path) -> None:
     fig.savefig(path, dpi=100)
 
 
-def _markdown(doc: dict) -> str:
-    g = doc["growth_per_step"]
+def _markdown(doc: dict, name: str = "soak") -> str:
+    g, kills = doc["growth_per_step"], doc["kills"]
+    if kills:
+        every = kills[1] - kills[0] if len(kills) > 1 else kills[0]
+        title = f"# Soak: a toy run on a Prefect server (PostgreSQL), its flow process killed every {every} steps"
+        killed = [
+            f"- {doc['steps']} steps, {len(kills)} kills (after steps {', '.join(map(str, kills))}), each restarted by "
+            "the automations with no command typed",
+            f"- writers of the run directory: {doc['writers']} (1 + one per kill); "
+            f"refused or duplicate attempts: {doc['refused_or_duplicate']}",
+        ]
+        restarts = f"; the steps that began with a restart: {', '.join(map(str, doc['steps_after_a_kill_s']))} s"
+    else:
+        title = "# Soak: a toy run on a Prefect server (PostgreSQL), never killed"
+        killed = [f"- {doc['steps']} steps in one flow process; writers of the run directory: {doc['writers']}"]
+        restarts = ""
     lines = [
-        "# Soak: a toy run on a Prefect server (PostgreSQL), its flow process killed every "
-        f"{doc['kills'][1] - doc['kills'][0] if len(doc['kills']) > 1 else '?'} steps",
+        title,
         "",
         "`python benchmarks/soak.py` (benchmarks/soak.py says what it does). Figures of one machine (2 cores), one run.",
         "",
-        f"- {doc['steps']} steps, {len(doc['kills'])} kills (after steps {', '.join(map(str, doc['kills']))}), each restarted by "
-        "the automations with no command typed",
-        f"- writers of the run directory: {doc['writers']} (1 + one per kill); "
-        f"refused or duplicate attempts: {doc['refused_or_duplicate']}",
+        *killed,
         f"- task executions: {doc['task_executions']} for {doc['tasks']} tasks",
-        f"- median step time {doc['median_step_s']:.2f} s; the steps that followed a kill (restart included): "
-        f"{', '.join(map(str, doc['steps_after_a_kill_s']))} s",
+        f"- median step time {doc['median_step_s']:.2f} s{restarts}",
         "",
         "| per step | growth over the first half | over the second half |",
         "|---|---|---|",
@@ -321,7 +331,7 @@ def _markdown(doc: dict) -> str:
         lines.append(
             f"| {life['steps'][0]}-{life['steps'][1]} | {life['first_mb']:.0f} | {life['last_mb']:.0f} | {life['mb_per_step']:+.2f} |"
         )
-    lines += ["", "![soak](soak.png)", ""]
+    lines += ["", f"![{name}]({name}.png)", ""]
     return "\n".join(lines)
 
 
