@@ -20,7 +20,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,17 +34,11 @@ sys.path.insert(0, str(REPO))
 
 from storage.lease import read_writers  # noqa: E402
 from storage.manifest import read_manifest  # noqa: E402
-from tests.conftest import tiny_toy_config  # noqa: E402
+from tests.conftest import free_port, tiny_toy_config  # noqa: E402
 from tests.postgres import postgres_database  # noqa: E402
 
 TASKS_PER_STEP = 5
 BIN = Path(sys.executable).parent
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _du(path: Path) -> int:
@@ -144,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict] = []
     kills: list[int] = []
     with postgres_database() as database:
-        port = _free_port()
+        port = free_port()
         api = f"http://127.0.0.1:{port}/api"
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "DISCOVER_"))}
         env.update(

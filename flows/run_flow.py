@@ -71,15 +71,14 @@ def discovery_run(run_dir: str | None = None, config: RunConfig | None = None, c
     validates) or `config_path` (a YAML file readable by the worker); `run_dir` overrides its
     run_dir. With neither, the run in `run_dir` resumes at the first step whose tasks have not all
     finished (`discover run` creates the run directory itself and passes `run_dir` alone); inside
-    it, the tasks that finished come from Prefect's cache.
+    it, a task manifest.json records as finished is not run again.
     """
     forward_project_logs()
     with ExitStack() as held:
         try:
             run = Run.open(_run_dir(run_dir, config, config_path))
-            held.enter_context(
-                writer_lease(run)
-            )  # the run's one writer from here on (flows/writer.py), before any other flow run is touched
+            # the run's one writer from here on (flows/writer.py), before any other flow run is touched
+            held.enter_context(writer_lease(run))
         except (ValueError, ConfigError, RunDirError, RunBusy) as err:  # the run cannot start as asked: said, without a traceback
             log.error("%s", err)
             return Failed(message=str(err), data=err)  # type: ignore[return-value]

@@ -75,17 +75,17 @@ def writer_lease(run: Run) -> Iterator[Lease]:
     def waiting(holder: dict[str, Any]) -> None:
         log.info("%s is held by %s; waiting up to %.0f s for it to let go", run.root, describe(holder), wait)
 
-    wait = lease_wait_s()
+    wait, asking = lease_wait_s(), this_process(**ident)
     try:
-        lease = acquire(run.root, this_process(**ident), wait_s=0.0)
+        lease = acquire(run.root, asking, wait_s=0.0)
     except RunBusy as busy:
         if me is not None and busy.holder.get("flow_run_id") == str(me.id):
-            record_writer(run.root, this_process(**ident), "duplicate")
+            record_writer(run.root, asking, "duplicate")
             _duplicate_attempt(run, busy.holder)
         try:
-            lease = acquire(run.root, this_process(**ident), wait_s=wait, on_wait=waiting)
+            lease = acquire(run.root, asking, wait_s=wait, on_wait=waiting)
         except RunBusy:
-            record_writer(run.root, this_process(**ident), "refused")
+            record_writer(run.root, asking, "refused")
             raise
     record_writer(run.root, lease.holder, "writer")
     token = _holder.set(ident.get("flow_run_id", ""))

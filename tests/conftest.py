@@ -78,7 +78,8 @@ def long_context_tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (for a server a test starts)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -89,7 +90,7 @@ def prefect_server(tmp_path_factory: pytest.TempPathFactory):
     """The API URL of one real Prefect server on loopback for the whole session (SQLite in a
     temporary PREFECT_HOME), started once and stopped at the end."""
     home = tmp_path_factory.mktemp("prefect-server")
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_UI_ENABLED="false")
     env.update(PREFECT_SERVER_DATABASE_TIMEOUT=SQLITE_BUSY_TIMEOUT_S)

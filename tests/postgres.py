@@ -11,7 +11,6 @@ from __future__ import annotations
 import glob
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -21,18 +20,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import free_port
+
 START_TIMEOUT_S = 120
 
 
 def _bin() -> Path | None:
     found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
     return Path(found[-1]).parent if found else None
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _as_owner(cmd: list[str]) -> list[str]:
@@ -66,7 +61,7 @@ def postgres_database(name: str = "prefect") -> Iterator[str]:
 def _serve(bin_dir: Path, folder: Path, data: Path, name: str) -> Iterator[str]:
     log = folder / "postgres.log"
     subprocess.run(_as_owner([str(bin_dir / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres"]), check=True, capture_output=True)
-    port = _free_port()
+    port = free_port()
     ctl = _as_owner([str(bin_dir / "pg_ctl"), "-D", str(data), "-l", str(log), "-w", "-t", str(START_TIMEOUT_S)])
     options = f"-c listen_addresses=127.0.0.1 -c port={port} -c unix_socket_directories={folder} -c max_connections=200"
     subprocess.run([*ctl, "-o", options, "start"], check=True, capture_output=True)

@@ -23,7 +23,6 @@ import re
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -37,7 +36,7 @@ import yaml
 from discover.run import TASKS
 from storage.lease import read_writers
 from storage.manifest import read_manifest
-from tests.conftest import SERVER_STARTUP_TIMEOUT_S, tiny_toy_config
+from tests.conftest import SERVER_STARTUP_TIMEOUT_S, free_port, tiny_toy_config
 from tests.conftest import archive_records as read_archive
 from tests.postgres import postgres_database
 
@@ -65,12 +64,6 @@ STEPS = 3
 
 def _config(run_dir: Path) -> dict:
     return tiny_toy_config(run_dir, seed=3, steps=STEPS)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait(what: str, check: Callable[[], object], timeout: float, logs: Callable[[], str] = lambda: "") -> object:
@@ -126,7 +119,7 @@ def test_deployments_workers_automatic_recovery_and_a_schedule_that_fires(tmp_pa
 
 def _production_shape(tmp_path: Path, tiny_model_cache: Path, database: str) -> None:
     procs = Processes(tmp_path)
-    port = _free_port()
+    port = free_port()
     api = f"http://127.0.0.1:{port}/api"
     base_env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "DISCOVER_"))}
     base_env.update(
