@@ -313,12 +313,16 @@ class ClusterConfig(_Section):
     """
 
     trainer_world_size: int = Field(
-        1, ge=1, description="data-parallel training ranks (FSDP2; one GPU each, or CPU processes); 1: one process"
+        1,
+        ge=1,
+        description="data-parallel training ranks (FSDP2; one GPU each, or a CPU each), resident Ray actors for the whole run; "
+        "1: training in the step's process",
     )
     trainer_placement: Literal["local", "ray"] = Field(
         "local",
-        description="where the ranks of trainer_world_size > 1 run: 'local', processes spawned on the step's machine; "
-        "'ray', Ray actors in a placement group of the run's Ray cluster (one bundle a rank, packed onto as few nodes as fit)",
+        description="where the ranks of trainer_world_size > 1 run: 'local', on the step's machine (the run's Ray "
+        "instance, started on the loopback when no cluster.address is given); 'ray', in a placement group of the run's Ray "
+        "cluster (one bundle a rank, packed onto as few nodes as fit)",
     )
     trainer_resources: dict[str, float] = Field(
         default_factory=dict,
@@ -418,11 +422,16 @@ class RunConfig(_Section):
     @model_validator(mode="after")
     def _one_ray_cluster(self) -> RunConfig:
         c, e = self.cluster, self.evaluation
-        replicas = c.generation_replicas > 1 or c.trainer_placement == "ray"
+        if c.trainer_world_size > 1 and self.model.training_devices is not None:
+            raise ValueError(
+                "model.training_devices names the GPUs of one trainer process; with cluster.trainer_world_size > 1 Ray "
+                "gives each rank one GPU: remove model.training_devices and choose the GPUs with CUDA_VISIBLE_DEVICES"
+            )
+        replicas = c.generation_replicas > 1 or c.trainer_world_size > 1
         if c.address is not None and not replicas:
             raise ValueError(
                 f"cluster.address {c.address!r} is where generation replicas and trainer ranks run; set "
-                "cluster.generation_replicas to 2 or more or cluster.trainer_placement to 'ray', or remove cluster.address "
+                "cluster.generation_replicas or cluster.trainer_world_size to 2 or more, or remove cluster.address "
                 "(candidates use evaluation.address)"
             )
         if replicas and e.runner == "ray" and e.address is not None and c.address is not None and e.address != c.address:

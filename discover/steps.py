@@ -14,6 +14,7 @@ import hashlib
 import json
 import logging
 import shutil
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -431,32 +432,43 @@ def _nothing_to_learn(stats: dict[str, Any], checkpoint: Path) -> bool:
 def _optimizer_step(run: Run, rollouts: list[Rollout], advantages: dict[int, np.ndarray], src: Path, dst: Path) -> dict[str, Any]:
     """Load the policy of checkpoint `src`, take one optimizer step on the rollouts and write the
     adapter and the optimizer state to checkpoint `dst` (atomically); the trainer's statistics."""
-    from discover.policy import TrainBatch, load_policy
+    from discover.policy import TrainBatch
 
     config = run.config
-    policy = load_policy(config.model, src / "adapter")
-    if config.cluster.trainer_world_size > 1:  # data-parallel ranks (FSDP2) behind the same Trainer seam (docs/cluster.md)
-        from discover.policy.sharded import ShardedTrainer, sharded_policy
-
-        c, adapter = config.cluster, src / "adapter"
-        if c.trainer_placement == "ray":
-            from discover.policy.ray_ranks import RayShardedTrainer
-
-            trainer: ShardedTrainer = RayShardedTrainer(config.model, adapter, c.trainer_world_size, resources=c.trainer_resources)
-        else:
-            trainer = ShardedTrainer(config.model, adapter, c.trainer_world_size)
-        policy = sharded_policy(policy, trainer)
     batch = TrainBatch(
         completions=[r.completion() for r in rollouts],
         advantages=[float(advantages[r.group][r.index]) for r in rollouts],
     )
     optimizer = src / "optimizer.pt"
-    stats = policy.train_step(
+    trainer = _step_trainer(run, src / "adapter")
+    stats = trainer.train_step(
         batch, config.train, temperature=config.sampling.temperature, optimizer_state=optimizer if optimizer.is_file() else None
     )
     with atomic_dir(dst) as tmp:
-        policy.save(tmp / "adapter", tmp / "optimizer.pt")
+        trainer.save(tmp / "adapter", tmp / "optimizer.pt")
     return stats
+
+
+def _step_trainer(run: Run, adapter: Path) -> Any:
+    """What trains the step: the policy of `adapter` in this process (its sampler making room on the
+    GPU while it trains), or, with `cluster.trainer_world_size` > 1, the run's resident trainer group
+    (docs/cluster.md), which loads no model in this process."""
+    from discover.policy import load_policy
+
+    config = run.config
+    if config.cluster.trainer_world_size == 1:
+        return load_policy(config.model, adapter)
+    from discover.policy.trainer_group import ShardedTrainer, TrainerGroup
+
+    sleep_held_engine()  # a vLLM engine of this process on the ranks' GPU sleeps while they train
+    return ShardedTrainer(TrainerGroup.of_run(run), adapter)
+
+
+def sleep_held_engine() -> None:
+    """Send a vLLM engine held by this process to sleep (it wakes for the next generation), if vLLM was
+    ever imported here; nothing otherwise."""
+    if "discover.policy.vllm_engine" in sys.modules:
+        sys.modules["discover.policy.vllm_engine"].sleep_if_held()
 
 
 def lazy_rewards(

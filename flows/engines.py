@@ -147,9 +147,9 @@ def _dask_flag(resources: dict[str, float]) -> str:
 
 
 def needs_ray(config: RunConfig) -> bool:
-    """Whether a run connects to Ray: its candidates run there, or its generation replicas do."""
+    """Whether a run connects to Ray: its candidates, its generation replicas or its trainer ranks run there."""
     c = config.cluster
-    return config.evaluation.runner == "ray" or c.generation_replicas > 1 or c.trainer_placement == "ray"
+    return config.evaluation.runner == "ray" or c.generation_replicas > 1 or c.trainer_world_size > 1
 
 
 def ray_address(config: RunConfig) -> str | None:
@@ -179,7 +179,7 @@ def ray_connection(run: Run) -> Iterator[bool]:
         import ray
     except ImportError:
         raise ValueError(
-            "evaluation.runner 'ray', cluster.generation_replicas > 1 and cluster.trainer_placement 'ray' need the "
+            "evaluation.runner 'ray', cluster.generation_replicas > 1 and cluster.trainer_world_size > 1 need the "
             "`ray` extra: pip install 'ttt-discover[ray]'"
         ) from None
     if ray.is_initialized():
@@ -190,7 +190,7 @@ def ray_connection(run: Run) -> Iterator[bool]:
     if address is None:
         cpus = max(resources.cpus, config.evaluation.workers * config.sandbox.concurrency * resources.cpus) if evaluating else 0
         cpus += config.cluster.generation_replicas if config.cluster.generation_replicas > 1 else 0
-        cpus += config.cluster.trainer_world_size if config.cluster.trainer_placement == "ray" else 0
+        cpus += config.cluster.trainer_world_size if config.cluster.trainer_world_size > 1 else 0
         for attempt in (1, 2, 3):  # Ray gives a new node 30 s to register: a busy machine can miss it
             try:
                 ray.init(

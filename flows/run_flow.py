@@ -26,7 +26,7 @@ from flows.engines import evaluation_engine, ray_connection
 from flows.logs import forward_project_logs
 from flows.naming import discovery_run_name, run_tag
 from flows.recovery import end_superseded_runs, guard_restarts
-from flows.replicas import generation_replicas
+from flows.workers import resident_workers
 from flows.step_flow import run_step
 from flows.writer import writer_lease
 from storage.lease import RunBusy
@@ -89,7 +89,7 @@ def discovery_run(run_dir: str | None = None, config: RunConfig | None = None, c
             log.info("resuming %s at step %d of %d", run.root, start, steps_)
         if start < steps_:
             # a local cluster lives as long as the run; Ray, when used, is connected once for the evaluation and the replicas
-            with ray_connection(run), evaluation_engine(run) as task_runner, generation_replicas(run):
+            with ray_connection(run), evaluation_engine(run) as task_runner, resident_workers(run):
                 for step in range(start, steps_):
                     log.info("step %d/%d", step + 1, steps_)
                     run_step(run, step, task_runner())

@@ -14,7 +14,7 @@ import torch
 
 from discover.policy.model_files import resolve_model_path
 
-__all__ = ["BASE_CACHE", "load_base", "resolve_model_path", "share_weights_copy"]
+__all__ = ["BASE_CACHE", "load_base", "loads", "resolve_model_path", "share_weights_copy"]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -22,6 +22,12 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 # never wrapped itself: every load wraps a structural copy that shares the frozen weights.
 BASE_CACHE: dict[tuple[str, str, str], tuple[object, torch.nn.Module]] = {}
 _BASE_LOCK = threading.Lock()
+_LOADS = [0]  # base models read from disk by this process
+
+
+def loads() -> int:
+    """How many base models this process has read from disk (a resident worker: one for the run)."""
+    return _LOADS[0]
 
 
 def load_base(path: str, dtype: str, devices: list[torch.device]):
@@ -51,6 +57,7 @@ def load_base(path: str, dtype: str, devices: list[torch.device]):
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
         BASE_CACHE[key] = (tokenizer, model)
+        _LOADS[0] += 1
         return tokenizer, model
 
 
