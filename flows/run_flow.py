@@ -26,8 +26,8 @@ from flows.engines import evaluation_engine, ray_connection
 from flows.logs import forward_project_logs
 from flows.naming import discovery_run_name, run_tag
 from flows.recovery import end_superseded_runs, guard_restarts
-from flows.workers import resident_workers
 from flows.step_flow import run_step
+from flows.workers import resident_workers
 from flows.writer import writer_lease
 from storage.lease import RunBusy
 

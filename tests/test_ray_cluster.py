@@ -4,15 +4,16 @@
   `evaluation.retries` + 1 times (Prefect's retries), and one whose worker dies exactly once: Ray's
   own retries are off (flows/engines.py `ray_options`), so no candidate runs more often than Prefect allows;
 - a toy run with two generation replicas (Ray actors, discover/policy/replicas.py), two training
-  ranks (FSDP2, Ray actors: discover/policy/ray_ranks.py) and its candidates on the cluster completes;
+  ranks (FSDP2, resident Ray actors: discover/policy/trainer_group.py) and its candidates on the cluster completes;
   its step-0 rollouts are the
   single-process run's, token for token; the adapter trained on them agrees within 1e-5
   (docs/cluster.md, "What is compared");
 - a run whose trainer ranks' node is killed during `train`, and whose replicas' node is killed during
   `generate`, completes on the nodes that join instead (Prefect retries the task; nothing half-written;
   `discover status` reads every step);
-- the replicas of a run whose flow is SIGKILLed between steps outlive it (detached), and the flow that
-  resumes the run re-attaches to the same actors instead of creating new ones;
+- the replicas and trainer ranks of a run whose flow is SIGKILLed between steps outlive it (detached),
+  and the flow that resumes the run re-attaches to the same actors instead of creating new ones: a
+  5-step run reads the model from disk once per worker (2 ranks + 2 replicas) however often it resumes;
 - a replica refuses an adapter whose content hash is not the one it was given, naming both;
 - with an engine that seeds each request (as vLLM does), continuations go to their prompt's replica.
 """
@@ -276,10 +277,21 @@ def test_a_run_completes_when_the_nodes_of_its_ranks_and_replicas_are_lost(
     assert "2/2 steps" in status.stdout
 
 
-def test_a_resumed_flow_re_attaches_to_the_replicas_its_killed_flow_created(connected, tmp_path: Path, cli_env: dict[str, str]) -> None:
-    """`discover run` SIGKILLed (its whole process group) as step 1 starts, then `discover resume`
-    SIGKILLed once step 1's rollouts are generated: the replicas are the same two actors both times
-    (their Ray actor ids), and the resumed flow's step 1 decoded on them."""
+def _load_log(path: Path) -> list[int]:
+    """The pids of the processes that read a base model from disk, one per load (DISCOVER_LOAD_LOG)."""
+    return [int(line) for line in path.read_text().split()] if path.is_file() else []
+
+
+def test_a_resumed_flow_re_attaches_to_its_ranks_and_replicas_and_the_run_loads_the_model_once_each(
+    ray_cluster, connected, tmp_path: Path, cli_env: dict[str, str]
+) -> None:
+    """Must show (resident workers): a 5-step toy run with 2 trainer ranks and 2 generation replicas on
+    the cluster, `discover run` SIGKILLed (its whole process group) as step 2 starts, `discover resume`
+    SIGKILLed as step 4 starts, `discover resume` again to the end. The ranks and replicas are the
+    same actors (Ray actor ids) after each kill; a resumed flow loads nothing again (each rank read the
+    base model once and a checkpoint's state once: Adam's state stayed in it); in the whole run the
+    base model was read from disk 2 + 2 times by the workers and once by the first flow process (the
+    run's new adapter, `initialise`); the finished run ended its workers."""
     import json
     import subprocess
     import sys
@@ -287,36 +299,69 @@ def test_a_resumed_flow_re_attaches_to_the_replicas_its_killed_flow_created(conn
     import ray
     import yaml
 
+    loads = tmp_path / "loads.log"
+    env = {"PYTHONPATH": str(FAULTS), "DISCOVER_LOAD_LOG": str(loads)}
+    nodes = [ray_cluster.add_node({"trainer": 2}, env=env), ray_cluster.add_node({"generate": 2}, env=env)]
     run_dir = tmp_path / "run"
     config = tiny_toy_config(
-        run_dir, steps=2, seed=5, problem_options={"lenient": True}, cluster={"address": connected.address, "generation_replicas": 2}
+        run_dir,
+        steps=5,
+        seed=5,
+        problem_options={"lenient": True},
+        cluster={
+            "address": connected.address,
+            "generation_replicas": 2,
+            "replica_resources": {"generate": 1},
+            "trainer_world_size": 2,
+            "trainer_placement": "ray",
+            "trainer_resources": {"trainer": 1},
+        },
     )
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
 
-    def discover(args: list[str], crash: str) -> None:
-        env = {**cli_env, "DISCOVER_CRASH_AT": crash, "PYTHONPATH": str(FAULTS)}
-        done = subprocess.run(
-            [sys.executable, "-m", "cli", *args], env=env, capture_output=True, text=True, timeout=900, start_new_session=True
+    def discover(args: list[str], crash: str | None) -> int:
+        extra = {"DISCOVER_CRASH_AT": crash} if crash else {}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "cli", *args],
+            env={**cli_env, **env, **extra},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
         )
-        assert done.returncode == -9, done.stderr[-3000:]  # the crash hook's SIGKILL
+        _, err = proc.communicate(timeout=1200)
+        assert proc.returncode == (-9 if crash else 0), err[-3000:]  # the crash hook's SIGKILL
+        return proc.pid
 
-    def replicas() -> list[str]:
-        ns = "ttt-" + json.loads((run_dir / "run.json").read_text())["run_id"]
-        actors = [ray.get_actor(f"generate-{i}", namespace=ns) for i in range(2)]
-        for actor in actors:
-            ray.get(actor.spec.remote(), timeout=120)  # alive and answering
-        return [a._actor_id.hex() for a in actors]
+    def namespace() -> str:
+        return "ttt-" + json.loads((run_dir / "run.json").read_text())["run_id"]
 
-    discover(["run", str(tmp_path / "run.yaml")], "select_parents:1:start")
-    first = replicas()
+    def workers() -> tuple[list[str], list[dict]]:
+        actors = [ray.get_actor(f"generate-{i}", namespace=namespace()) for i in range(2)]
+        actors += [ray.get_actor(f"train-{r}", namespace=namespace()) for r in range(2)]
+        infos = ray.get([a.info.remote() for a in actors[2:]], timeout=120)
+        return [a._actor_id.hex() for a in actors], infos
+
     try:
-        discover(["resume", str(run_dir)], "generate:1:end")
-        assert (run_dir / "steps" / "0001" / "rollouts.parquet").is_file()
-        assert replicas() == first
+        first_flow = discover(["run", str(tmp_path / "run.yaml")], "select_parents:2:start")
+        first, infos = workers()
+        assert [(i["base_loads"], i["state_loads"]) for i in infos] == [(1, 1), (1, 1)]
+        discover(["resume", str(run_dir)], "select_parents:4:start")
+        again, infos = workers()
+        assert again == first  # re-attached: the same four actors
+        assert [(i["base_loads"], i["state_loads"]) for i in infos] == [(1, 1), (1, 1)]  # nothing loaded again
+        rank_pids = sorted(i["pid"] for i in infos)
+        discover(["resume", str(run_dir)], None)
+        for i in range(4):
+            assert (run_dir / "checkpoints" / f"{i + 1:04d}" / "adapter").is_dir()
+        pids = _load_log(loads)
+        assert pids.count(first_flow) == 1, pids  # initialise: the run's new adapter
+        workers_loads = [p for p in pids if p != first_flow]
+        assert len(workers_loads) == 4 and len(set(workers_loads)) == 4, pids  # 2 ranks + 2 replicas, once each
+        assert set(rank_pids) <= set(workers_loads)
+        for name in ("generate-0", "generate-1", "train-0", "train-1"):  # the finished run ended them
+            with pytest.raises(ValueError):
+                ray.get_actor(name, namespace=namespace())
     finally:
-        ns = "ttt-" + json.loads((run_dir / "run.json").read_text())["run_id"]
-        for i in range(2):
-            try:
-                ray.kill(ray.get_actor(f"generate-{i}", namespace=ns), no_restart=True)
-            except ValueError:
-                pass
+        for node in nodes:
+            ray_cluster.kill_node(node)

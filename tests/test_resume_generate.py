@@ -188,6 +188,7 @@ def test_a_trainer_rank_lost_mid_step_fails_train_cleanly_and_a_retry_completes_
     again writes the checkpoint an uninterrupted run writes."""
     from discover import steps
     from discover.config import parse_config
+    from flows.engines import ray_connection
     from tests.test_method_rules import _set_rewards
 
     runs = {}
@@ -202,19 +203,22 @@ def test_a_trainer_rank_lost_mid_step_fails_train_cleanly_and_a_retry_completes_
         _set_rewards(run, 0, [0.0, 0.25, 0.5, 1.0, 0.3, 0.1, 0.2, 0.9])  # both groups with signal: an optimizer step
         steps.update_archive(run, 0)
         runs[name] = run
-    steps.train(runs["uninterrupted"], 0)
+    with ray_connection(runs["uninterrupted"]):
+        steps.train(runs["uninterrupted"], 0)
 
-    killed = runs["killed"]
-    monkeypatch.setenv("DISCOVER_KILL_RANK", "1")  # read by the spawned ranks (tests/faults/sitecustomize.py)
+    killed, trigger = runs["killed"], tmp_path / "kill-rank-1"
+    # read by the ranks (tests/faults/sitecustomize.py): the run's Ray instance passes its environment on
+    monkeypatch.setenv("DISCOVER_KILL_RANK", f"1:{trigger}")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(FAULTS), *filter(None, [os.environ.get("PYTHONPATH")])]))
-    with pytest.raises(Exception, match="SIGKILL|signal 9|exited"):
-        steps.train(killed, 0)
     checkpoints = killed.root / "checkpoints"
-    assert sorted(p.name for p in checkpoints.iterdir() if not p.name.startswith(".")) == ["0000"]
-    assert not killed.layout.train_stats(0).exists()
-
-    monkeypatch.delenv("DISCOVER_KILL_RANK")
-    steps.train(killed, 0)
+    with ray_connection(killed):
+        trigger.touch()
+        with pytest.raises(Exception, match=r"trainer rank 1 of 2 failed while training \(.*\); every rank was stopped"):
+            steps.train(killed, 0)
+        assert not trigger.exists()  # the rank took the kill
+        assert sorted(p.name for p in checkpoints.iterdir() if not p.name.startswith(".")) == ["0000"]
+        assert not killed.layout.train_stats(0).exists()
+        steps.train(killed, 0)  # the task's retry: a new group from checkpoint 0
     ref, out = runs["uninterrupted"].layout.checkpoint(1), killed.layout.checkpoint(1)
     assert sorted(p.name for p in checkpoints.iterdir() if not p.name.startswith(".")) == ["0000", "0001"]
     for rel in ("adapter/adapter_model.safetensors", "optimizer.pt"):

@@ -306,7 +306,7 @@ def test_three_steps_of_a_run_train_on_two_resident_ranks_as_on_one(tmp_path: Pa
                 steps.select_parents(run, step)
                 steps.generate(run, step)
                 steps.evaluate(run, step)
-                _set_rewards(run, step, [0.0, 0.25, 0.5, 1.0, 0.3, 0.1, 0.2, 0.9][::1 if step % 2 == 0 else -1])
+                _set_rewards(run, step, [0.0, 0.25, 0.5, 1.0, 0.3, 0.1, 0.2, 0.9][:: 1 if step % 2 == 0 else -1])
                 steps.update_archive(run, step)
                 steps.train(run, step)
             if connected:

@@ -19,11 +19,13 @@ temporary folder, not yet renamed), or `candidate` with PHASE a number N: right 
 candidate result of step STEP is stored (storage/candidates.py), or `rollout` with PHASE a number
 N: right after the N-th rollout of step STEP is stored while it is generated (storage/rollout_parts.py).
 
-- DISCOVER_KILL_RANK=R: a rank R of sharded training (discover/policy/sharded.py) SIGKILLs itself
-  when it starts accumulating gradients, as a rank lost mid-step (the other ranks are waiting in
-  its collectives).
+- DISCOVER_KILL_RANK="R:PATH": rank R of the resident trainer group (discover/policy/trainer_group.py)
+  SIGKILLs itself when it starts accumulating gradients while the file PATH exists (and removes it:
+  one kill per file), as a rank lost mid-step (the other ranks are waiting in its collectives).
+- DISCOVER_LOAD_LOG=PATH appends one line "PID" to PATH each time a process reads a base model from
+  disk (discover/policy/resident.py `load_base`, not a hit of its cache), so a test can count loads.
 
-- DISCOVER_HOLD_RANK=PATH: a trainer rank on Ray (discover/policy/ray_ranks.py, `TrainerRank.run`)
+- DISCOVER_HOLD_RANK=PATH: a rank of the resident trainer group (`ResidentRank.step`)
   writes PATH and sleeps there; DISCOVER_HOLD_DECODE="N:PATH": the N-th `decode_batch` call of the
   generation replicas (discover/policy/replicas.py) that have it, counted together (in PATH.calls),
   does the same. Given to one Ray node's processes, so a test can kill that node while it holds the work.
@@ -51,6 +53,7 @@ HOLD = os.environ.get("DISCOVER_HOLD_AT", "")
 EVAL_LOG = os.environ.get("DISCOVER_EVAL_LOG", "")
 EVAL_ATTEMPTS = os.environ.get("DISCOVER_EVAL_ATTEMPTS", "")
 KILL_RANK = os.environ.get("DISCOVER_KILL_RANK", "")
+LOAD_LOG = os.environ.get("DISCOVER_LOAD_LOG", "")
 HOLD_RANK = os.environ.get("DISCOVER_HOLD_RANK", "")
 HOLD_DECODE = os.environ.get("DISCOVER_HOLD_DECODE", "")
 
@@ -207,20 +210,35 @@ def _fail_evaluations(evaluation) -> None:
     evaluation.run_job = attempted
 
 
-def _kill_rank() -> None:
-    from discover.policy import trainer
-
+def _kill_rank(trainer) -> None:
     accumulate = trainer.accumulate_gradients
+    rank, trigger = KILL_RANK.split(":", 1)
 
     @functools.wraps(accumulate)
     def killed(*args, **kwargs):
         import torch.distributed as dist
 
-        if kwargs.get("distributed") and dist.get_rank() == int(KILL_RANK):
+        if kwargs.get("distributed") and dist.get_rank() == int(rank) and os.path.exists(trigger):
+            os.unlink(trigger)
             os.kill(os.getpid(), signal.SIGKILL)
         return accumulate(*args, **kwargs)
 
     trainer.accumulate_gradients = killed
+
+
+def _log_loads(resident) -> None:
+    load_base = resident.load_base
+
+    @functools.wraps(load_base)
+    def logged(*args, **kwargs):
+        before = resident.loads()
+        out = load_base(*args, **kwargs)
+        if resident.loads() > before:
+            with open(LOAD_LOG, "a") as f:
+                f.write(f"{os.getpid()}\n")
+        return out
+
+    resident.load_base = logged
 
 
 def _held(path: str) -> None:
@@ -228,15 +246,15 @@ def _held(path: str) -> None:
     time.sleep(600)
 
 
-def _hold_rank(ray_ranks) -> None:
-    run = ray_ranks.TrainerRank.run
+def _hold_rank(trainer_group) -> None:
+    step = trainer_group.ResidentRank.step
 
-    @functools.wraps(run)
+    @functools.wraps(step)
     def held(self, *args, **kwargs):
         _held(HOLD_RANK)
-        return run(self, *args, **kwargs)
+        return step(self, *args, **kwargs)
 
-    ray_ranks.TrainerRank.run = held
+    trainer_group.ResidentRank.step = held
 
 
 def _hold_decode(replicas) -> None:
@@ -259,11 +277,13 @@ def _hold_decode(replicas) -> None:
 if CRASH or HOLD:
     _install()
 if KILL_RANK:
-    _kill_rank()
+    _when_imported("discover.policy.trainer", _kill_rank)
+if LOAD_LOG:
+    _when_imported("discover.policy.resident", _log_loads)
 _patches = [patch for on, patch in ((EVAL_LOG, _log_evaluations), (EVAL_ATTEMPTS, _fail_evaluations)) if on]
 if _patches:
     _when_imported("discover.evaluation", lambda module: [patch(module) for patch in _patches])
 if HOLD_RANK:
-    _when_imported("discover.policy.ray_ranks", _hold_rank)
+    _when_imported("discover.policy.trainer_group", _hold_rank)
 if HOLD_DECODE:
     _when_imported("discover.policy.replicas", _hold_decode)
