@@ -13,15 +13,17 @@ where a GPU check's results file (benchmarks/results/gpu-*.json, docs/gpu-check.
 measured figure for a model, the newest file's figure replaces the assumption and is labelled
 with the file. The formula is `step_seconds`, in one place.
 
-`--overhead` runs a 2-step toy run (the tiny model on CPU) in the step's process and on
+`--overhead` runs a 4-step toy run (the tiny model on CPU) in the step's process and on
 `--replicas` generation replicas and `--ranks` trainer ranks (Ray actors) of a Ray instance the run
 starts on the loopback, and prints the generate and train tasks' seconds of each step in both and
 their ratios (cluster / single), and whether the step-0 rollouts are the same tokens:
 
-    python benchmarks/cluster.py --overhead [--steps 2] [--groups 4] [--rollouts 8] [--replicas 2] [--ranks 2] [--out DIR]
+    python benchmarks/cluster.py --overhead [--steps 4] [--groups 4] [--rollouts 8] [--replicas 2] [--ranks 2] [--out DIR]
 
-Step 0 of the replica run includes the replicas' start and model load; later steps load an adapter.
-The ranks are placed, and load the model, every step.
+Step 0 of the cluster run includes the workers' start (the replicas' and ranks' processes, model
+loads, the ranks' process group); later steps send the replicas an adapter and the ranks the step's
+rollouts (the ranks are resident: docs/cluster.md, "Resident ranks"). The ratios of the later steps
+are summarised apart; `--results-dir DIR` writes them as DIR/cluster_overhead.md and .json.
 """
 
 from __future__ import annotations
@@ -276,18 +278,56 @@ def overhead(args: argparse.Namespace) -> int:
         discovery_run(config=config(run_dir, args, r, w))
         runs[name] = run_dir
     tokens = [[row["completion_ids"] for row in pq.read_table(runs[n] / "steps" / "0000" / "rollouts.parquet").to_pylist()] for n in runs]
-    print(
-        f"\ntoy, tiny model on CPU: {args.groups}x{args.rollouts} rollouts of <= {args.answer_tokens} tokens per step; "
-        f"{args.replicas} replicas and {args.ranks} trainer ranks on a local Ray instance; {os.cpu_count()} CPUs"
+    setting = (
+        f"toy, tiny model on CPU: {args.groups}x{args.rollouts} rollouts of <= {args.answer_tokens} tokens per step; "
+        f"{args.replicas} generation replicas and {args.ranks} resident trainer ranks on a local Ray instance; {os.cpu_count()} CPUs"
     )
-    print(f"{'step':>4} {'task':>8} {'single (s)':>10} {'cluster (s)':>11} {'cluster/single':>14}")
+    rows = []
     for step in range(args.steps):
         for task in ("generate", "train"):
             a, b = task_seconds(runs["single"], step, task), task_seconds(runs["cluster"], step, task)
-            print(f"{step:>4} {task:>8} {a:>10.2f} {b:>11.2f} {b / a:>14.2f}")
+            rows.append({"step": step, "task": task, "single_s": a, "cluster_s": b, "ratio": b / a})
+    later = {task: _median([r["ratio"] for r in rows if r["task"] == task and r["step"] > 0]) for task in ("generate", "train")}
     same = tokens[0] == tokens[1]
-    print(f"step 0 rollouts, token for token the same: {same}")
+    lines = [
+        f"# Cluster overhead: generate and train on Ray workers against the step's process ({_today()})",
+        "",
+        setting + ".",
+        "`python benchmarks/cluster.py --overhead "
+        + f"--steps {args.steps} --groups {args.groups} --rollouts {args.rollouts} --replicas {args.replicas} --ranks {args.ranks}`.",
+        "",
+        "| step | task | single (s) | cluster (s) | cluster / single |",
+        "|---:|---|---:|---:|---:|",
+        *[f"| {r['step']} | {r['task']} | {r['single_s']:.2f} | {r['cluster_s']:.2f} | {r['ratio']:.2f} |" for r in rows],
+        "",
+        "Step 0 of the cluster run includes starting the workers: the replicas' and the ranks' processes, their",
+        "model loads and the ranks' process group. Later steps send data only.",
+        "",
+        f"Steps after the first, median cluster / single: generate {later['generate']:.2f}, train {later['train']:.2f}.",
+        f"Step 0 rollouts token for token the same: {same}.",
+    ]
+    print("\n" + "\n".join(lines))
+    if args.results_dir is not None:
+        args.results_dir.mkdir(parents=True, exist_ok=True)
+        (args.results_dir / "cluster_overhead.md").write_text("\n".join(lines) + "\n")
+        record = {"setting": setting, "rows": rows, "median_later_steps": later, "same_step0_rollouts": same}
+        (args.results_dir / "cluster_overhead.json").write_text(json.dumps(record, indent=2) + "\n")
+        print(f"written: {args.results_dir / 'cluster_overhead.md'} and .json")
     return 0 if same else 1
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def _today() -> str:
+    import datetime
+
+    return datetime.date.today().isoformat()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -295,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     mode = ap.add_mutually_exclusive_group(required=True)
     mode.add_argument("--cost-model", action="store_true", help="estimated step time by task against the number of GPUs")
     mode.add_argument("--overhead", action="store_true", help="generate and train on Ray against the step's process (toy, CPU)")
-    ap.add_argument("--steps", type=int, default=2, help="--overhead: steps of each run")
+    ap.add_argument("--steps", type=int, default=4, help="--overhead: steps of each run")
     ap.add_argument("--groups", type=int, default=4, help="--overhead: groups a step")
     ap.add_argument("--rollouts", type=int, default=8, help="--overhead: rollouts a group")
     ap.add_argument("--answer-tokens", type=int, default=8, help="--overhead: sampling.max_answer_tokens")

@@ -62,6 +62,9 @@ EMBEDDED_MODEL = "tiny"  # the tiny model the project builds offline (discover/p
 EMBEDDED_MODELS = (EMBEDDED_MODEL, "tiny-qwen3")  # and a Qwen3-architecture one (discover/policy/qwen3_model.py)
 
 
+PLACEMENT_TIMEOUT_S = 600.0  # how long work waits for a cluster to offer what it asks (a node may be joining), then fails
+
+
 class ConfigError(ValueError):
     """A configuration that cannot run; the message names the field and the fix."""
 

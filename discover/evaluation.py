@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from discover.code_version import module_closure, source_digest
+from discover.config import PLACEMENT_TIMEOUT_S
 from discover.edits import EDITS_NOT_APPLIED, EditError, apply_edits
 from discover.records import Evaluation, Rollout, child_id
 from discover.run import Run, load_archive, make_problem
@@ -44,6 +45,7 @@ from storage.candidates import CandidateStore
 log = logging.getLogger("discover")
 
 NO_CANDIDATE = "no candidate found in the answer"
+UNPLACED_AFTER_S = 60.0  # no candidate back for this long: ask the engine whether it can start one at all
 EVALUATOR_FAULT = "evaluator fault"  # how the reason of a verdict made from a judge's exception begins
 
 
@@ -195,8 +197,9 @@ def thread_pool(workers: int) -> Iterator[Submit]:
 class StepEvaluation:
     """The candidates of one step: parsed, keyed, each distinct one submitted once, stored on return."""
 
-    def __init__(self, run: Run, step: int, submit: Submit) -> None:
+    def __init__(self, run: Run, step: int, submit: Submit, unplaceable: Callable[[], str | None] = lambda: None) -> None:
         self.run, self.step, self._submit = run, step, submit
+        self._unplaceable = unplaceable  # why the engine cannot start one more candidate now (None: it can)
         self.problem = run.problem()
         self._archive = load_archive(run.reads("evaluate", step)["archive"])
         self._config_json = run.config.model_dump_json()
@@ -270,12 +273,14 @@ class StepEvaluation:
             len(self._results),
             total,
         )
+        progress, stuck = time.time(), None  # when a candidate last came back; since when none can be placed
         while self._pending:
             self._drain(timeout=5.0)
             done = total - len(self._pending)
             if total and (done - shown >= max(1, total // 10) or not self._pending):
                 log.info("step %d evaluate: %d/%d candidates back (%.0f s)", self.step, done, total, time.time() - t0)
-                shown = done
+                shown, progress = done, time.time()
+            stuck = self._check_placement(progress, stuck)
         if self._errors:
             key, err = next(iter(self._errors.items()))
             raise RuntimeError(
@@ -284,6 +289,32 @@ class StepEvaluation:
                 "are stored, and a retry of the step evaluates only the others"
             ) from err
         return [self._evaluation(r) for r in rollouts]
+
+    def _check_placement(self, progress: float, stuck: float | None) -> float | None:
+        """While no candidate comes back for `UNPLACED_AFTER_S` and the engine says it cannot start one
+        (`unplaceable`), say so once, naming what a candidate asks and what the engine has; after
+        `PLACEMENT_TIMEOUT_S` of that, fail the task rather than wait for ever. Returns since when."""
+        now = time.time()
+        if now - progress < UNPLACED_AFTER_S:
+            return None
+        why = self._unplaceable()
+        if why is None:
+            return None
+        if stuck is None:
+            log.warning(
+                "step %d evaluate: no candidate came back for %.0f s and %s; evaluate fails after %.0f s of this",
+                self.step,
+                now - progress,
+                why,
+                PLACEMENT_TIMEOUT_S,
+            )
+            return now
+        if now - stuck >= PLACEMENT_TIMEOUT_S:
+            raise RuntimeError(
+                f"step {self.step} evaluate: {len(self._pending)} candidates could not be started for {now - stuck:.0f} s: "
+                f"{why}. The candidates that finished are stored; a retry of the step evaluates only the others"
+            )
+        return stuck
 
     def _evaluation(self, rollout: Rollout) -> Evaluation:
         job = self.job(rollout)

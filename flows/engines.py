@@ -65,6 +65,42 @@ def resource_request(runner: str, resources: Resources) -> AbstractContextManage
     return nullcontext()
 
 
+def unplaceable(runner: str, resources: Resources) -> Callable[[], str | None]:
+    """For a step's evaluation (`StepEvaluation.collect`): a check that says why the engine cannot start
+    one more candidate now, or None. On Ray: no live node has what a candidate asks in all, or the
+    cluster has not that much free (held by the run's replicas and ranks, or other work). Local
+    threads always can; a Dask cluster is not checked (its scheduler queues the work)."""
+    if runner != "ray":
+        return lambda: None
+    wanted = {k: v for k, v in ray_wanted(resources).items() if v}
+
+    def check() -> str | None:
+        import ray
+
+        nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
+        free = ray.available_resources()
+        if any(_fits(n, wanted) for n in nodes) and _fits(free, wanted):
+            return None
+        shown = {k: _amount(k, free.get(k, 0.0)) for k in wanted}
+        totals = [{k: _amount(k, n.get(k, 0.0)) for k in wanted} for n in nodes]
+        return (
+            f"the Ray cluster cannot start one: a candidate asks { ({k: _amount(k, v) for k, v in wanted.items()}) }, the "
+            f"cluster has {shown} free, its {len(nodes)} live nodes {totals} in all (the run's replicas and ranks hold "
+            "theirs); add a node (`ray start --address HEAD:6379 --num-cpus N`) or lower the problem's limits"
+        )
+
+    return check
+
+
+def ray_wanted(resources: Resources) -> dict[str, float]:
+    """A candidate's Ray resources, named as `ray.nodes()` and `ray.available_resources()` name them."""
+    return {"CPU": float(resources.cpus), "memory": float(resources.memory_mb * MB), "GPU": float(resources.gpus)}
+
+
+def _amount(name: str, value: float) -> str:
+    return f"{value / MB / 1024:.1f} GiB" if name == "memory" else f"{value:g}"
+
+
 def _fits(offered: dict[str, float], wanted: dict[str, float]) -> bool:
     return all(offered.get(name, 0) >= amount for name, amount in wanted.items())
 
@@ -211,15 +247,66 @@ def ray_connection(run: Run) -> Iterator[bool]:
         extra = {"_node_ip_address": loopback} if loopback else {}
         ray.init(address=address, namespace="prefect", log_to_driver=False, **extra)
     try:
-        nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
-        if evaluating:
-            wanted = {"CPU": resources.cpus, "memory": resources.memory_mb * MB, "GPU": resources.gpus}
-            if not any(_fits(n, {k: v for k, v in wanted.items() if v}) for n in nodes):
-                raise ValueError(
-                    f"no node of the Ray cluster at {address or 'local'} offers what one candidate needs ({wanted}); "
-                    "add nodes with `ray start --address HEAD:6379 --num-gpus N` (docs/operations.md, Evaluation on a cluster)"
-                )
-        log.info("Ray (%s): %d nodes", address or "local instance", len(nodes))
-        yield True
+        watching = watch_head(address, f"discover resume {run.root}") if address is not None else nullcontext()
+        with watching:
+            yield from _connected(ray, address, resources if evaluating else None)
     finally:
         ray.shutdown()
+
+
+def _connected(ray: Any, address: str | None, resources: Resources | None) -> Iterator[bool]:
+    """The checks of a new connection (one node offers what a candidate evaluated on Ray needs), then the run."""
+    nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
+    if resources is not None:
+        wanted = ray_wanted(resources)
+        if not any(_fits(n, {k: v for k, v in wanted.items() if v}) for n in nodes):
+            raise ValueError(
+                f"no node of the Ray cluster at {address or 'local'} offers what one candidate needs ({wanted}); "
+                "add nodes with `ray start --address HEAD:6379 --num-gpus N` (docs/operations.md, Evaluation on a cluster)"
+            )
+    log.info("Ray (%s): %d nodes", address or "local instance", len(nodes))
+    yield True
+
+
+HEAD_CHECK_S = 5.0  # how often the flow checks that the cluster's head answers
+HEAD_MISSES = 2  # checks in a row without an answer before the head is reported lost
+
+
+@contextmanager
+def watch_head(address: str, resume: str, every: float = HEAD_CHECK_S) -> Iterator[None]:
+    """While the run is connected to the cluster at `address`: a thread that connects to the head's port
+    every `every` seconds and, when it does not answer `HEAD_MISSES` times in a row, says so at ERROR in
+    the run's log with the command that resumes the run. Ray itself ends the process about 60 s after
+    its head is lost (its own words only); this says what happened first."""
+    import socket
+    import threading
+
+    host, port = address.removeprefix("ray://").rsplit(":", 1)
+    stop = threading.Event()
+
+    def watch() -> None:
+        misses = 0
+        while not stop.wait(every):
+            try:
+                with socket.create_connection((host, int(port)), timeout=every):
+                    misses = 0
+                    continue
+            except OSError as err:
+                misses += 1
+                if misses == HEAD_MISSES:
+                    log.error(
+                        "the Ray cluster's head at %s does not answer (%s): the run stops when Ray gives up on it (about "
+                        "60 s). Nothing finished is lost: start the head again (`ray start --head`, then the nodes with "
+                        "`ray start --address %s`) and resume with: %s",
+                        address,
+                        err.strerror or type(err).__name__,
+                        address.removeprefix("ray://"),
+                        resume,
+                    )
+
+    thread = threading.Thread(target=watch, name="ray-head-watch", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()

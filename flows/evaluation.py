@@ -21,9 +21,9 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from discover.evaluation import CandidateJob, StepEvaluation, run_job
+from discover.evaluation import CandidateJob, Resources, StepEvaluation, run_job
 from discover.run import Run, RunDirError
-from flows.engines import resource_request
+from flows.engines import resource_request, unplaceable
 
 # The global concurrency limit of the GPUs of this worker's pool (set in the pool's job variables,
 # see prefect.yaml); a candidate that needs a GPU holds one slot while it runs, so the evaluations
@@ -88,7 +88,8 @@ def step_evaluation(run: Run, step: int) -> Iterator[StepEvaluation]:
         with resource_request(runner, job.resources):
             return candidate_task.submit(job)
 
-    _EVALUATIONS[(run.run_id, step)] = evaluation = StepEvaluation(run, step, submit)
+    check = unplaceable(runner, Resources.of(run.problem()))
+    _EVALUATIONS[(run.run_id, step)] = evaluation = StepEvaluation(run, step, submit, check)
     try:
         yield evaluation
     finally:

@@ -14,6 +14,7 @@ is finished; `evaluate` waits for the last candidate and writes the step's table
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -27,6 +28,8 @@ from discover import steps
 from discover.run import EVALUATE, GENERATE, STEP_TASKS, Ref, Run, StepTask
 from flows.evaluation import GPU_LIMIT_ENV, current_evaluation, retry_infrastructure_only
 from storage.manifest import record_task
+
+log = logging.getLogger("discover")
 
 
 def _seed_gpu_slots(run: Run) -> AbstractContextManager[Any]:
@@ -60,7 +63,12 @@ def _prefect_task(spec: StepTask) -> Task[..., Ref]:
     def run_step_task(run: Run, step: int, **options: Any) -> Ref:
         started = time.time()
         extra = _OPTIONS[spec.name](run, step, **options) if spec.name in _OPTIONS else {}
-        ref = steps.step_function(spec)(run, step, **extra)
+        try:
+            ref = steps.step_function(spec)(run, step, **extra)
+        except Exception as err:
+            # the cause in the run's logs (flows/logs.py) at ERROR: Prefect's AwaitingRetry state carries no message
+            log.error("step %d %s failed: %s: %s", step, spec.name, type(err).__name__, err)
+            raise
         record_task(run.layout.manifest, step, spec.name, ref, started, time.time())
         return ref
 

@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from discover.config import ModelConfig, TrainConfig
+from discover.config import PLACEMENT_TIMEOUT_S, ModelConfig, TrainConfig
 from discover.policy.base import Completion, TrainBatch
 from discover.policy.ray_driver import connected_ray
 from discover.policy.sharded import _full, full_optimizer_state, load_full_optimizer_state, shard, share_rollouts
@@ -60,7 +60,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("discover")
 
-PLACEMENT_TIMEOUT_S = 600.0  # how long the group waits for the cluster to offer its W ranks (a node may be joining)
 JOIN_TIMEOUT_S = 600.0  # how long the ranks wait for each other to join the process group
 Files = dict[str, bytes]  # a folder's files by relative path
 
@@ -392,7 +391,7 @@ class TrainerGroup:
             strategies = [PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=r) for r in range(self.world_size)]
         else:  # local: the node of this process
             node = ray.get_runtime_context().get_node_id()
-            offered = next((n.get("Resources", {}) for n in ray.nodes() if n.get("NodeID") == node), {})
+            offered: dict[str, float] = next((n.get("Resources", {}) for n in ray.nodes() if n.get("NodeID") == node), {})
             short = {k: v * self.world_size for k, v in bundle.items() if offered.get(k, 0.0) < v * self.world_size}
             if short:
                 raise ValueError(
