@@ -67,8 +67,9 @@ test: setup sandbox-tools test-services test-images lint typecheck
 # Every GPU test and benchmark in one go, one results file: benchmarks/results/gpu-<date>-<gpu>.json
 # and .md (benchmarks/gpu_check.py; docs/gpu-check.md). Without a CUDA device it says "no CUDA
 # device" and exits with 2. PARTS=train-fp32,one-gpu runs some parts; WHEELS=/tmp/parts installs
-# carried wheels first; GPU_CHECK_OUT=DIR writes elsewhere; MAX_SECONDS=570 bounds all parts
-# together; SHAPE=small runs the benchmarks on a small random model (a quick first pass).
+# carried wheels first; GPU_CHECK_OUT=DIR writes elsewhere; MAX_SECONDS (default 570: one 10-minute
+# call, which the parts that need no vLLM fill) bounds all parts together; SHAPE=small runs the
+# benchmarks on a small random model (a quick first pass).
 # No `setup`: a lent GPU machine has no uv, its Python (python3) is used there.
 GPU_PYTHON ?= $(if $(wildcard $(VENV)/bin/python),$(VENV)/bin/python,$(PYTHON))
 gpu-check:

@@ -15,8 +15,9 @@ writing nothing. Nothing in this repository has been measured by it yet: it was 
 merging tested on a machine without a GPU (tests/test_gpu_check.py).
 
 Parts (`--list` prints them with their commands):
-  train-fp32    benchmarks/training.py on the 8B shape, float32 LoRA, then 2 trainer offload/reload cycles timed
+  train-fp32    benchmarks/training.py on the 8B shape, float32 LoRA, then a trainer offload/reload cycle timed
   train-bf16    the same step with bf16 LoRA (model.lora_dtype): MFU both ways
+  resident      benchmarks/resident_step.py: a cold worker's step against a resident trainer's next one
   vllm-tests    pytest -m gpu tests/test_gpu_vllm.py (log-prob gap, hot-loaded adapters, forced answers,
                 sleep/wake with and without an adapter, a two-step Erdős run)
   generation    benchmarks/generation.py: vLLM against the transformers backend, tokens/s, KV cache
@@ -25,9 +26,11 @@ Parts (`--list` prints them with their commands):
   step-time     benchmarks/step_time.py, 2 steps of G = 2 x K = 8 at 8k context (a reduced step)
   trimul-tests  pytest -m gpu tests/test_trimul_gpu.py (process sandbox when Docker is absent)
   trimul-bench  benchmarks/trimul.py --repeats 5 --sandbox process (isolation none where bwrap is missing)
-Parts that need vLLM are recorded as skipped where it cannot be imported. A part's own limit is
-lowered to what is left of `--max-seconds` (the device tool allows 10 minutes per call), and a
-part that would get less than 30 s is recorded as not run.
+(`--list` prints them in the order they run: the parts that need no vLLM first, their limits adding
+up to one 570 s call, docs/gpu-check.md.) Parts that need vLLM are recorded as skipped where it
+cannot be imported. A part's own limit is lowered to what is left of `--max-seconds` (default 570:
+the device tool allows 10 minutes per call), and a part that would get less than 30 s is recorded as
+not run.
 
 On a GPU machine without a package registry, carry the wheels in parts: on a machine with one,
 `pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp
@@ -71,6 +74,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("torch", "triton", "vllm", "transformers", "peft", "tokenizers", "safetensors", "pydantic", "numpy", "pyarrow", "pytest")
 SITE = Path("/tmp/site")
+ONE_CALL_S = 570.0  # what one call to a lent GPU machine may take (10 minutes), less a margin for start and results
 TAIL_CHARS = 4000
 
 
@@ -89,6 +93,9 @@ class Part:
 # asked for by name and written into the results file with each part's environment.
 ISOLATION = "standard" if shutil.which("bwrap") else "none"
 SANDBOX_ENV = {"DISCOVER_ALLOW_UNBOUNDED_PROCESS_TREE": "1", "DISCOVER_TEST_SANDBOX_ISOLATION": ISOLATION}
+# In this order, within these limits, the parts that need no vLLM (what a bare lent GPU machine can
+# run: torch and Triton, nothing carried) get their figures in one call of 570 s (`ONE_CALL_S`); the
+# vLLM parts follow in a second call once its wheels are carried (docs/gpu-check.md).
 PARTS: tuple[Part, ...] = (
     Part(
         "train-fp32",
@@ -99,20 +106,55 @@ PARTS: tuple[Part, ...] = (
             "{shape}",
             "--lora-dtype",
             "float32",
+            "--rollouts",
+            "8",
             "--offload-cycles",
-            "2",
+            "1",
             "--json",
             "{json}",
         ),
-        570,
+        180,
         what="one training step on the benchmark shape (8B unless --shape), float32 "
         "LoRA: tokens/s, MFU, peak memory; trainer offload/reload times",
     ),
     Part(
         "train-bf16",
-        ("{python}", "benchmarks/training.py", "--shape", "{shape}", "--lora-dtype", "bfloat16", "--json", "{json}"),
-        570,
+        ("{python}", "benchmarks/training.py", "--shape", "{shape}", "--lora-dtype", "bfloat16", "--rollouts", "8", "--json", "{json}"),
+        150,
         what="the same step with bf16 LoRA parameters",
+    ),
+    Part(
+        "resident",
+        ("{python}", "benchmarks/resident_step.py", "--shape", "{shape}", "--json", "{json}"),
+        90,
+        what="a cold worker's step (imports, model read from disk, first step) against a resident trainer's next step",
+    ),
+    Part(
+        "trimul-tests",
+        (
+            "{python}",
+            "-m",
+            "pytest",
+            "-q",
+            "-s",
+            "-m",
+            "gpu",
+            "-p",
+            "no:cacheprovider",
+            "tests/test_trimul_gpu.py",
+            "--junitxml",
+            "{junit}",
+        ),
+        90,
+        env=SANDBOX_ENV,
+        what="TriMul: timings, hostile kernels rejected, spread of 5 timings",
+    ),
+    Part(
+        "trimul-bench",
+        ("{python}", "benchmarks/trimul.py", "--repeats", "5", "--sandbox", "process", "--isolation", ISOLATION),
+        60,
+        env=SANDBOX_ENV,
+        what="TriMul reference and initial kernel per shape, ratio to the published H100 figures",
     ),
     Part(
         "vllm-tests",
@@ -159,33 +201,6 @@ PARTS: tuple[Part, ...] = (
         needs_vllm=True,
         env=SANDBOX_ENV,
         what="two reduced steps (G = 2, K = 8, 8k context), time by task",
-    ),
-    Part(
-        "trimul-tests",
-        (
-            "{python}",
-            "-m",
-            "pytest",
-            "-q",
-            "-s",
-            "-m",
-            "gpu",
-            "-p",
-            "no:cacheprovider",
-            "tests/test_trimul_gpu.py",
-            "--junitxml",
-            "{junit}",
-        ),
-        570,
-        env=SANDBOX_ENV,
-        what="TriMul: timings, hostile kernels rejected, spread of 5 timings",
-    ),
-    Part(
-        "trimul-bench",
-        ("{python}", "benchmarks/trimul.py", "--repeats", "5", "--sandbox", "process", "--isolation", ISOLATION),
-        570,
-        env=SANDBOX_ENV,
-        what="TriMul reference and initial kernel per shape, ratio to the published H100 figures",
     ),
 )
 BY_NAME = {p.name: p for p in PARTS}
@@ -504,7 +519,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--parts", default=None, help="comma-separated part names (default: all, in order)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     ap.add_argument("--merge", type=Path, nargs="*", default=[], help="earlier results files to merge into this one")
-    ap.add_argument("--max-seconds", type=float, default=None, help="time for all parts together (the device allows 600 s a call)")
+    ap.add_argument("--max-seconds", type=float, default=ONE_CALL_S, help="time for all parts together (the device allows 600 s a call)")
     ap.add_argument("--wheels", type=Path, default=None, help="a folder of prepare_wheels.sh parts to install first")
     ap.add_argument("--shape", default="8b", help="the random Qwen3 shape of the benchmarks (8b; small for a quick first pass)")
     ap.add_argument("--list", action="store_true", help="print the parts and their commands, run nothing")

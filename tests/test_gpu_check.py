@@ -86,7 +86,7 @@ def test_results_file_merges_parts_from_several_calls(tmp_path):
     assert "# GPU check: NVIDIA H100 80GB HBM3" in md and "| driver | 580.95.05 |" in md and "| vllm | 0.20.2 |" in md
     assert "`python benchmarks/training.py ...`" in md and "| MFU | 0.4123 |" in md and "| offload[0].park.seconds | 1.25 |" in md
     assert "Tests: 1 passed, 1 failed, 0 errors, 1 skipped." in md and "test_b: failed" in md
-    assert "Not run: train-bf16, generation, one-gpu, step-time, trimul-tests, trimul-bench." in md
+    assert "Not run: train-bf16, resident, trimul-tests, trimul-bench, generation, one-gpu, step-time." in md
 
     # a third call on another machine, merged from the files alone (no GPU needed)
     one = {
@@ -124,3 +124,14 @@ def test_a_part_runs_in_a_child_and_its_figures_and_timeout_are_recorded():
     assert record["status"] == "timeout" and record["returncode"] is None and "killed after 2 s" in record["output_tail"]
     fails = gpu_check.Part("fails", ("{python}", "-c", "raise SystemExit(3)"), 60)
     assert gpu_check.run_part(fails, H100, 60, sys.executable)["status"] == "failed"
+
+
+def test_the_parts_a_bare_gpu_machine_can_run_fit_one_ten_minute_call() -> None:
+    """A lent GPU machine has torch and Triton and nothing carried, for one call of at most 10 minutes:
+    the parts that need no vLLM come first and their limits add up to one call (`ONE_CALL_S`, the
+    default of --max-seconds), so `make gpu-check` there gets the trainer's figures (fp32 and bf16
+    LoRA), the resident trainer against a cold worker, and TriMul's tests and timings in one run."""
+    bare = [p for p in gpu_check.PARTS if not p.needs_vllm]
+    assert [p.name for p in gpu_check.PARTS[: len(bare)]] == [p.name for p in bare]
+    assert {"train-fp32", "train-bf16", "resident", "trimul-tests", "trimul-bench"} <= {p.name for p in bare}
+    assert sum(p.timeout_s for p in bare) <= gpu_check.ONE_CALL_S <= 600 - 30
