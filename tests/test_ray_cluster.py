@@ -128,13 +128,27 @@ def test_a_toy_run_on_replicas_and_ranks_matches_the_single_process_run(ray_clus
     single = tmp_path / "single"
     discovery_run(config=config(single))
     on_ray = tmp_path / "ray"
-    discovery_run(
-        config=config(
-            on_ray,
-            cluster={"address": ray_cluster.address, "generation_replicas": 2, "trainer_world_size": 2, "trainer_placement": "ray"},
-            evaluation={"runner": "ray", "address": ray_cluster.address},
+    # the replicas and the resident ranks hold a CPU each for the whole run: on nodes of their own, as
+    # on a real cluster, so that the candidates (2 CPUs each) find whole nodes free
+    nodes = [ray_cluster.add_node({"trainer": 2}), ray_cluster.add_node({"generate": 2})]
+    try:
+        discovery_run(
+            config=config(
+                on_ray,
+                cluster={
+                    "address": ray_cluster.address,
+                    "generation_replicas": 2,
+                    "replica_resources": {"generate": 1},
+                    "trainer_world_size": 2,
+                    "trainer_placement": "ray",
+                    "trainer_resources": {"trainer": 1},
+                },
+                evaluation={"runner": "ray", "address": ray_cluster.address},
+            )
         )
-    )
+    finally:
+        for node in nodes:
+            ray_cluster.kill_node(node)
     for step in range(3):  # the run completed
         assert (on_ray / "checkpoints" / f"{step + 1:04d}" / "adapter").is_dir()
     a, b = _rollouts(on_ray, 0), _rollouts(single, 0)
