@@ -119,7 +119,11 @@ def test_overrides_replace_top_level_fields(tmp_path: Path) -> None:
             {},
             "set tensor_parallel_size to 1 or share_gpus to false",
         ),
-        ({"address": "10.0.0.1:6379"}, {}, "or cluster.trainer_placement to 'ray', or remove cluster.address"),
+        (
+            {"address": "10.0.0.1:6379"},
+            {},
+            "set cluster.generation_replicas or cluster.trainer_world_size to 2 or more, or remove cluster.address",
+        ),
         ({"trainer_placement": "ray"}, {}, "set cluster.trainer_world_size to 2 or more, or trainer_placement to 'local'"),
         ({"trainer_world_size": 2, "trainer_resources": {"trainer": 1}}, {}, "set cluster.trainer_placement to 'ray' or remove them"),
         ({"replica_resources": {"generate": 1}}, {}, "set cluster.generation_replicas to 2 or more or remove them"),
