@@ -294,7 +294,8 @@ def overhead(args: argparse.Namespace) -> int:
         "",
         setting + ".",
         "`python benchmarks/cluster.py --overhead "
-        + f"--steps {args.steps} --groups {args.groups} --rollouts {args.rollouts} --replicas {args.replicas} --ranks {args.ranks}`.",
+        + f"--steps {args.steps} --groups {args.groups} --rollouts {args.rollouts} --answer-tokens {args.answer_tokens} "
+        + f"--replicas {args.replicas} --ranks {args.ranks}`.",
         "",
         "| step | task | single (s) | cluster (s) | cluster / single |",
         "|---:|---|---:|---:|---:|",
