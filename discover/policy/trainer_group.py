@@ -517,6 +517,8 @@ class TrainerGroup:
             except ValueError:
                 continue
         self._stop(ray, ended)
+        for key in [k for k, g in _GROUPS.items() if g is self]:
+            del _GROUPS[key]
         deadline = time.time() + 30
         while time.time() < deadline and any(_named(ray, rank_name(r), self.namespace) for r in range(self.world_size)):
             time.sleep(0.2)
