@@ -329,13 +329,16 @@ class TrainerGroup:
         from discover.policy.replicas import namespace
 
         c = run.config.cluster
-        key = (namespace(run), _ray().get_runtime_context().get_job_id())
+        key = (namespace(run), _ray().get_runtime_context().get_job_id())  # a new Ray connection: new handles
+        ns, detached = namespace(run), c.address is not None
+        wanted = cls(ns, run.config.model, c.trainer_world_size, c.trainer_placement, c.trainer_resources, detached)
         group = _GROUPS.get(key)
-        if group is None or group.model != run.config.model or group.world_size != c.trainer_world_size:
-            group = _GROUPS[key] = cls(
-                namespace(run), run.config.model, c.trainer_world_size, c.trainer_placement, c.trainer_resources, c.address is not None
-            )
+        if group is None or group._identity() != wanted._identity():
+            group = _GROUPS[key] = wanted
         return group
+
+    def _identity(self) -> tuple[Any, ...]:
+        return (self.namespace, self.model, self.world_size, self.placement, self.resources, self.detached)
 
     # -- building and finding
 
@@ -365,7 +368,7 @@ class TrainerGroup:
                 return self._actors
             if infos is not None:
                 log.info("trainer group %s: its specification changed; building it again", self.namespace)
-        self.end()
+        self._kill_named()
         self._actors, self._spec, self._digest = self._build(ray, spec), spec, None
         return self._actors
 
@@ -508,7 +511,14 @@ class TrainerGroup:
             pass
 
     def end(self) -> int:
-        """Kill the group's ranks (found by name) and remove its placement group; how many ranks were ended."""
+        """The run is over: kill the group's ranks and remove its placement group, and forget this
+        process's handle of the group; how many ranks were ended."""
+        for key in [k for k, g in _GROUPS.items() if g is self]:
+            del _GROUPS[key]
+        return self._kill_named()
+
+    def _kill_named(self) -> int:
+        """Kill the group's ranks (found by name) and remove its placement group; how many ranks were killed."""
         ray = _ray()
         ended = []
         for r in range(self.world_size):
@@ -517,8 +527,6 @@ class TrainerGroup:
             except ValueError:
                 continue
         self._stop(ray, ended)
-        for key in [k for k, g in _GROUPS.items() if g is self]:
-            del _GROUPS[key]
         deadline = time.time() + 30
         while time.time() < deadline and any(_named(ray, rank_name(r), self.namespace) for r in range(self.world_size)):
             time.sleep(0.2)
