@@ -124,6 +124,19 @@ def _assert_adapters_close(mine: Path, theirs: Path, tolerance: float) -> None:
         assert float(np.abs(a[name] - b[name]).max()) / scale < tolerance, name
 
 
+def _own_nodes_cluster(address: str) -> dict:
+    """The `cluster:` section of a run whose 2 replicas and 2 ranks go to nodes with the custom resources
+    `generate` and `trainer` (started by the test), leaving the other nodes to its candidates."""
+    return {
+        "address": address,
+        "generation_replicas": 2,
+        "replica_resources": {"generate": 1},
+        "trainer_world_size": 2,
+        "trainer_placement": "ray",
+        "trainer_resources": {"trainer": 1},
+    }
+
+
 def _rollouts(run_dir: Path, step: int) -> list[dict]:
     return pq.read_table(run_dir / "steps" / f"{step:04d}" / "rollouts.parquet").to_pylist()
 
@@ -144,14 +157,7 @@ def test_a_toy_run_on_replicas_and_ranks_matches_the_single_process_run(ray_clus
         discovery_run(
             config=config(
                 on_ray,
-                cluster={
-                    "address": ray_cluster.address,
-                    "generation_replicas": 2,
-                    "replica_resources": {"generate": 1},
-                    "trainer_world_size": 2,
-                    "trainer_placement": "ray",
-                    "trainer_resources": {"trainer": 1},
-                },
+                cluster=_own_nodes_cluster(ray_cluster.address),
                 evaluation={"runner": "ray", "address": ray_cluster.address},
             )
         )
@@ -265,14 +271,7 @@ def test_a_run_completes_when_the_nodes_of_its_ranks_and_replicas_are_lost(
         seed=5,
         problem_options={"lenient": True},
         model={"name": "tiny", "lora_rank": 4, "device": "cpu", "decode_batch_size": 4},  # a step's 8 rollouts: 2 batches
-        cluster={
-            "address": ray_cluster.address,
-            "generation_replicas": 2,
-            "replica_resources": {"generate": 1},
-            "trainer_world_size": 2,
-            "trainer_placement": "ray",
-            "trainer_resources": {"trainer": 1},
-        },
+        cluster=_own_nodes_cluster(ray_cluster.address),
     )
     thread = threading.Thread(target=saboteur, daemon=True)
     thread.start()
@@ -332,14 +331,7 @@ def test_a_resumed_flow_re_attaches_to_its_ranks_and_replicas_and_the_run_loads_
         steps=5,
         seed=5,
         problem_options={"lenient": True},
-        cluster={
-            "address": connected.address,
-            "generation_replicas": 2,
-            "replica_resources": {"generate": 1},
-            "trainer_world_size": 2,
-            "trainer_placement": "ray",
-            "trainer_resources": {"trainer": 1},
-        },
+        cluster=_own_nodes_cluster(connected.address),
     )
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
 
