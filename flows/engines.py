@@ -8,7 +8,8 @@
   `MEMORY` (bytes) and `GPU`; a worker declares what it has (`dask worker ... --resources
   "CPU=32 MEMORY=128e9 GPU=1"`) and runs a candidate only while it has them free.
 - `ray` (prefect-ray, the `ray` extra): the Ray cluster at `evaluation.address`, or a Ray instance
-  started for the run on 127.0.0.1 without its dashboard; a candidate asks for `num_cpus`,
+  started for the run on 127.0.0.1 without its dashboard (`start_local_ray`: tried again on a busy
+  machine, a failed try's processes ended); a candidate asks for `num_cpus`,
   `memory` and `num_gpus`, and Ray gives a GPU task its own device (CUDA_VISIBLE_DEVICES). Ray never
   retries a candidate itself (`max_retries=0`): Prefect's `evaluation.retries` alone decide. The run
   connects to Ray once (`ray_connection`), for its candidates and its generation replicas
@@ -227,21 +228,7 @@ def ray_connection(run: Run) -> Iterator[bool]:
         cpus = max(resources.cpus, config.evaluation.workers * config.sandbox.concurrency * resources.cpus) if evaluating else 0
         cpus += config.cluster.generation_replicas if config.cluster.generation_replicas > 1 else 0
         cpus += config.cluster.trainer_world_size if config.cluster.trainer_world_size > 1 else 0
-        for attempt in (1, 2, 3):  # Ray gives a new node 30 s to register: a busy machine can miss it
-            try:
-                ray.init(
-                    num_cpus=max(cpus, 1),
-                    include_dashboard=False,  # no dashboard port
-                    _node_ip_address="127.0.0.1",  # loopback only
-                    namespace="prefect",
-                    log_to_driver=False,
-                )
-                break
-            except Exception as err:  # noqa: BLE001 - Ray raises a bare Exception for this
-                ray.shutdown()
-                if attempt == 3 or "timed out during startup" not in str(err):
-                    raise
-                log.warning("the local Ray instance did not start in time (attempt %d of 3); starting it again", attempt)
+        start_local_ray(ray, max(cpus, 1))
     else:
         loopback = _loopback_host(address)
         extra = {"_node_ip_address": loopback} if loopback else {}
@@ -252,6 +239,100 @@ def ray_connection(run: Run) -> Iterator[bool]:
             yield from _connected(ray, address, resources if evaluating else None)
     finally:
         ray.shutdown()
+
+
+RAY_START_TIMEOUT_S = 300.0  # how long a run tries to start its local Ray instance (DISCOVER_RAY_START_TIMEOUT_S)
+RAY_NODE_WAIT_S = 30  # Ray's own wait for a new node to register with its GCS (ray/_private/node.py, fixed in Ray 2.60)
+
+
+def start_local_ray(ray: Any, cpus: int, timeout_s: float | None = None) -> None:
+    """A Ray instance for this run on the loopback, without its dashboard. Ray waits `RAY_NODE_WAIT_S`
+    for the new node's raylet to register and then gives up; a busy machine can miss that, so the
+    start is tried again until `timeout_s` has passed, and every process a failed try started (GCS,
+    raylet, API server, monitor, agents) is ended before the next: none of them is left running."""
+    import os
+    import time
+
+    timeout_s = float(os.environ.get("DISCOVER_RAY_START_TIMEOUT_S", RAY_START_TIMEOUT_S)) if timeout_s is None else timeout_s
+    started = time.monotonic()
+    for attempt in range(1, 1000):
+        before = _descendants()
+        try:
+            ray.init(
+                num_cpus=cpus,
+                include_dashboard=False,  # no dashboard: only the API server's minimal modules, on a port of its own
+                _node_ip_address="127.0.0.1",  # loopback only
+                namespace="prefect",
+                log_to_driver=False,
+            )
+            return
+        except Exception as err:  # noqa: BLE001 - Ray raises a bare Exception for this
+            ray.shutdown()
+            ended = _end_new_descendants(before)
+            spent = time.monotonic() - started
+            if "timed out during startup" not in str(err):
+                raise
+            load = os.getloadavg()[0]
+            if spent + RAY_NODE_WAIT_S > timeout_s:
+                raise RuntimeError(
+                    f"the local Ray instance did not start: its raylet did not register with its GCS within Ray's "
+                    f"{RAY_NODE_WAIT_S} s in {attempt} tries over {spent:.0f} s (load average {load:.1f} on {os.cpu_count()} "
+                    f"CPUs; the {ended} processes the tries started were ended). Run it on a less busy machine, give it "
+                    "longer with DISCOVER_RAY_START_TIMEOUT_S, or start a Ray head yourself (`ray start --head`) and set "
+                    "cluster.address"
+                ) from None
+            log.warning(
+                "the local Ray instance did not start within Ray's %d s (try %d, load average %.1f on %d CPUs); ended the "
+                "%d processes it started and starting it again (%.0f s of %.0f s spent)",
+                RAY_NODE_WAIT_S,
+                attempt,
+                load,
+                os.cpu_count(),
+                ended,
+                spent,
+                timeout_s,
+            )
+    raise AssertionError("unreachable")
+
+
+def _descendants() -> set[tuple[int, float]]:
+    """(pid, start time) of every process below this one."""
+    import psutil
+
+    out = set()
+    for child in psutil.Process().children(recursive=True):
+        try:
+            out.add((child.pid, child.create_time()))
+        except psutil.Error:
+            pass
+    return out
+
+
+def _end_new_descendants(before: set[tuple[int, float]], grace_s: float = 10.0) -> int:
+    """End (SIGTERM, then SIGKILL after `grace_s`) Ray's processes below this one that are not in `before`; how many."""
+    import psutil
+
+    new = []
+    for pid, created in _descendants() - before:
+        try:
+            proc = psutil.Process(pid)
+            if proc.create_time() == created and "ray" in " ".join(proc.cmdline()):
+                new.append(proc)
+        except psutil.Error:
+            pass
+    for proc in new:
+        try:
+            proc.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(new, timeout=grace_s)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=grace_s)
+    return len(new)
 
 
 def _connected(ray: Any, address: str | None, resources: Resources | None) -> Iterator[bool]:
