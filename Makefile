@@ -8,6 +8,10 @@ VENV := .venv
 EXTRAS := --extra dev --extra bio --extra real-model --extra ray
 export UV_PROJECT_ENVIRONMENT := $(abspath $(VENV))
 export UV_LINK_MODE := copy
+# Every module compiled to bytecode once, at install: where PYTHONDONTWRITEBYTECODE is set (CI
+# machines often set it) each process would otherwise compile torch, transformers, prefect and ray
+# from source, 2-3x their import time in every test subprocess, worker and candidate.
+export UV_COMPILE_BYTECODE := 1
 
 .PHONY: setup demo test typecheck lint format lock clean-venv images test-images sandbox-tools test-services gpu-check
 
@@ -60,21 +64,31 @@ format: setup
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-# The sandbox's tools, PostgreSQL, the images, lint and the type check, then every test (tests/test_imports.py runs import-linter's floor contracts).
+# The sandbox's tools, PostgreSQL, the images, lint, the type check and the GPU check's rehearsal
+# (its report in .cache/gpu-rehearsal), then every test (tests/test_imports.py runs import-linter's floor contracts).
 test: setup sandbox-tools test-services test-images lint typecheck
+	$(MAKE) --no-print-directory gpu-check REHEARSE=1 GPU_CHECK_OUT=.cache/gpu-rehearsal
 	$(VENV)/bin/python -m pytest -q --durations=30
 
 # Every GPU test and benchmark in one go, one results file: benchmarks/results/gpu-<date>-<gpu>.json
 # and .md (benchmarks/gpu_check.py; docs/gpu-check.md). Without a CUDA device it says "no CUDA
-# device" and exits with 2. PARTS=train-fp32,one-gpu runs some parts; WHEELS=/tmp/parts installs
-# carried wheels first; GPU_CHECK_OUT=DIR writes elsewhere; MAX_SECONDS (default 570: one 10-minute
-# call, which the parts that need no vLLM fill) bounds all parts together; SHAPE=small runs the
-# benchmarks on a small random model (a quick first pass).
+# device" and exits with 2. PARTS=train-fp32,one-gpu runs some parts; WHEELS=DIR installs carried
+# wheels first (.whl/first-call for the first call); GPU_CHECK_OUT=DIR writes elsewhere; MAX_SECONDS
+# (default 540: one 10-minute call, which the parts that need no vLLM fill) bounds all parts
+# together; SHAPE=small runs the benchmarks on a small random model (a quick first pass).
 # No `setup`: a lent GPU machine has no uv, its Python (python3) is used there.
+# REHEARSE=1: the first call rehearsed on this CPU machine (benchmarks/gpu_rehearsal.py): an
+# environment of the lent machine's image's packages, every part run to its first CUDA call and past
+# it on CPU, the report in GPU_CHECK_OUT (default benchmarks/results/gpu-rehearsal.md); it also
+# downloads the wheels the first call carries into .whl/first-call.
 GPU_PYTHON ?= $(if $(wildcard $(VENV)/bin/python),$(VENV)/bin/python,$(PYTHON))
-gpu-check:
+gpu-check: $(if $(REHEARSE),setup)
+ifdef REHEARSE
+	$(VENV)/bin/python benchmarks/gpu_rehearsal.py $(if $(PARTS),--parts $(PARTS)) $(if $(GPU_CHECK_OUT),--out $(GPU_CHECK_OUT))
+else
 	$(GPU_PYTHON) benchmarks/gpu_check.py $(if $(PARTS),--parts $(PARTS)) $(if $(WHEELS),--wheels $(WHEELS)) \
 		$(if $(GPU_CHECK_OUT),--out $(GPU_CHECK_OUT)) $(if $(MAX_SECONDS),--max-seconds $(MAX_SECONDS)) $(if $(SHAPE),--shape $(SHAPE))
+endif
 
 lock: $(UV)
 	$(UV) lock

@@ -14,38 +14,44 @@ Without a CUDA device it stops at once with exit status 2 and the message "no CU
 writing nothing. Nothing in this repository has been measured by it yet: it was written and its
 merging tested on a machine without a GPU (tests/test_gpu_check.py).
 
-Parts (`--list` prints them with their commands):
+Parts (`--list` prints them with their commands and limits), in the order they run:
   train-fp32    benchmarks/training.py on the 8B shape, float32 LoRA, then a trainer offload/reload cycle timed
   train-bf16    the same step with bf16 LoRA (model.lora_dtype): MFU both ways
   resident      benchmarks/resident_step.py: a cold worker's step against a resident trainer's next one
+  trimul-bench  benchmarks/trimul.py --repeats 5: the reference and the initial kernel per shape, the spread of 5 timings
+  trimul-tests  pytest -m gpu tests/test_trimul_gpu.py but the two timings trimul-bench makes: hostile kernels
+                rejected, a torch.compile kernel, the slow-empty-call attack (process sandbox)
   vllm-tests    pytest -m gpu tests/test_gpu_vllm.py (log-prob gap, hot-loaded adapters, forced answers,
                 sleep/wake with and without an adapter, a two-step Erdős run)
   generation    benchmarks/generation.py: vLLM against the transformers backend, tokens/s, KV cache
   one-gpu       benchmarks/one_gpu.py: one copy of the weights at a time: park, wake, KV cache size,
                 answer-phase prefix-cache hit rate, sleep, unpark, train step, free memory at each point
   step-time     benchmarks/step_time.py, 2 steps of G = 2 x K = 8 at 8k context (a reduced step)
-  trimul-tests  pytest -m gpu tests/test_trimul_gpu.py (process sandbox when Docker is absent)
-  trimul-bench  benchmarks/trimul.py --repeats 5 --sandbox process (isolation none where bwrap is missing)
-(`--list` prints them in the order they run: the parts that need no vLLM first, their limits adding
-up to one 570 s call, docs/gpu-check.md.) Parts that need vLLM are recorded as skipped where it
-cannot be imported. A part's own limit is lowered to what is left of `--max-seconds` (default 570:
-the device tool allows 10 minutes per call), and a part that would get less than 30 s is recorded as
-not run.
+The first five need no vLLM (`FIRST_CALL`): a bare lent machine runs them in one call, their limits
+adding up to 540 s (`ONE_CALL_S`, docs/gpu-check.md), with pydantic's four wheels carried
+(benchmarks/first_call_wheels.txt, in .whl/first-call after `make gpu-check REHEARSE=1`):
 
-On a GPU machine without a package registry, carry the wheels in parts: on a machine with one,
+    python3 benchmarks/gpu_check.py --wheels .whl/first-call --out $OUT
+
+`make gpu-check REHEARSE=1` (benchmarks/gpu_rehearsal.py) runs that call on a CPU machine in an
+environment of the lent machine's packages, each part to its first CUDA call. Parts that need vLLM
+are recorded as skipped where it cannot be imported. A part may run until only the later parts' limits are
+left of `--max-seconds` (default 540): time an earlier part did not use passes on, never past the
+call's end; a part that would get less than 30 s is recorded as not run. A
+part that overruns its limit is interrupted (SIGINT: pytest still writes what it finished), then
+killed, and recorded as timed out with whatever figures it wrote.
+
+The vLLM parts need vLLM's wheels carried in parts: on a machine with a package registry,
 `pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp
 --platform manylinux_2_35_x86_64 (and the older manylinux tags) -d wheels -r
 benchmarks/gpu_check_wheels.txt`, then `tar cf wheels.tar -C wheels .` and `split -b 48M -d
-wheels.tar part.`; copy the parts to /tmp/parts there. Each call then runs some parts and writes
-to $OUT:
+wheels.tar part.`; copy the parts to /tmp/parts there. The call then runs them and writes to $OUT:
 
-    python3 benchmarks/gpu_check.py --wheels /tmp/parts --parts train-fp32 --max-seconds 570 --out $OUT
+    python3 benchmarks/gpu_check.py --wheels /tmp/parts --parts vllm-tests,generation --merge FIRST.json --out $OUT
 
-With 30 minutes of device time, a first pass on the `small` shape (`--shape small`: every part,
-minutes) before the 8B shape's training and one-GPU parts is the order that gets most figures.
-
-`--wheels DIR` joins DIR/part.*, installs the wheels into /tmp/site (once per machine) and puts
-them first on the path of every part. Copy each returned results file into benchmarks/results/
+`--wheels DIR` installs DIR's *.whl and the wheels of the split tar DIR/part.* makes into /tmp/site
+(those not installed there by an earlier call on the machine) and puts it first on the path of
+every part. Copy each returned results file into benchmarks/results/
 and pass it back with `--merge benchmarks/results/gpu-....json` on the next call: the parts merge
 into one file (a part run again replaces its earlier record). `--merge-only` merges files without
 running anything (no GPU needed).
@@ -62,6 +68,7 @@ import platform
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -74,7 +81,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("torch", "triton", "vllm", "transformers", "peft", "tokenizers", "safetensors", "pydantic", "numpy", "pyarrow", "pytest")
 SITE = Path("/tmp/site")
-ONE_CALL_S = 570.0  # what one call to a lent GPU machine may take (10 minutes), less a margin for start and results
+ONE_CALL_S = 540.0  # what the parts of one call to a lent GPU machine may take (10 minutes), less start, wheels and results
 TAIL_CHARS = 4000
 
 
@@ -90,12 +97,23 @@ class Part:
 
 # A bare lent machine has no cgroup to bound the kernels' processes and, with no package registry,
 # no bubblewrap: the TriMul parts then run their (trusted: ours) kernels with sandbox.isolation none,
-# asked for by name and written into the results file with each part's environment.
-ISOLATION = "standard" if shutil.which("bwrap") else "none"
-SANDBOX_ENV = {"DISCOVER_ALLOW_UNBOUNDED_PROCESS_TREE": "1", "DISCOVER_TEST_SANDBOX_ISOLATION": ISOLATION}
+# asked for by name and written into the results file with each part's environment. "{isolation}"
+# in a part's arguments and environment is filled in when it runs (`isolation()`; the rehearsal on
+# CPU fills in what the lent machine will have).
+SANDBOX_ENV = {"DISCOVER_ALLOW_UNBOUNDED_PROCESS_TREE": "1", "DISCOVER_TEST_SANDBOX_ISOLATION": "{isolation}"}
+
+
+def isolation() -> str:
+    """sandbox.isolation for our own TriMul kernels here: bubblewrap's where it is installed, else none."""
+    return "standard" if shutil.which("bwrap") else "none"
+
+
 # In this order, within these limits, the parts that need no vLLM (what a bare lent GPU machine can
-# run: torch and Triton, nothing carried) get their figures in one call of 570 s (`ONE_CALL_S`); the
-# vLLM parts follow in a second call once its wheels are carried (docs/gpu-check.md).
+# run: torch and Triton, pydantic's four wheels carried) get their figures in one call of 540 s
+# (`ONE_CALL_S`); the vLLM parts follow in a second call once its wheels are carried
+# (docs/gpu-check.md). The limits are sized on the device time the rehearsal on CPU predicts for
+# each part (benchmarks/results/gpu-rehearsal.md: the arithmetic, and the figures it assumes), with
+# the most margin where the prediction rests most on assumption; time a part leaves unused passes on.
 PARTS: tuple[Part, ...] = (
     Part(
         "train-fp32",
@@ -113,21 +131,28 @@ PARTS: tuple[Part, ...] = (
             "--json",
             "{json}",
         ),
-        180,
+        110,
         what="one training step on the benchmark shape (8B unless --shape), float32 "
         "LoRA: tokens/s, MFU, peak memory; trainer offload/reload times",
     ),
     Part(
         "train-bf16",
         ("{python}", "benchmarks/training.py", "--shape", "{shape}", "--lora-dtype", "bfloat16", "--rollouts", "8", "--json", "{json}"),
-        150,
+        90,
         what="the same step with bf16 LoRA parameters",
     ),
     Part(
         "resident",
         ("{python}", "benchmarks/resident_step.py", "--shape", "{shape}", "--json", "{json}"),
-        90,
+        80,
         what="a cold worker's step (imports, model read from disk, first step) against a resident trainer's next step",
+    ),
+    Part(
+        "trimul-bench",
+        ("{python}", "benchmarks/trimul.py", "--repeats", "5", "--sandbox", "process", "--isolation", "{isolation}", "--json", "{json}"),
+        110,
+        env=SANDBOX_ENV,
+        what="TriMul reference and initial kernel per shape, ratio to the published H100 figures, spread of 5 timings",
     ),
     Part(
         "trimul-tests",
@@ -142,19 +167,17 @@ PARTS: tuple[Part, ...] = (
             "-p",
             "no:cacheprovider",
             "tests/test_trimul_gpu.py",
+            # the reference's and the initial kernel's timings and the five timings are trimul-bench's figures
+            "--deselect",
+            "tests/test_trimul_gpu.py::test_the_reference_and_the_initial_kernel_are_timed",
+            "--deselect",
+            "tests/test_trimul_gpu.py::test_five_timings_of_one_kernel_and_their_spread",
             "--junitxml",
             "{junit}",
         ),
-        90,
+        150,
         env=SANDBOX_ENV,
-        what="TriMul: timings, hostile kernels rejected, spread of 5 timings",
-    ),
-    Part(
-        "trimul-bench",
-        ("{python}", "benchmarks/trimul.py", "--repeats", "5", "--sandbox", "process", "--isolation", ISOLATION),
-        60,
-        env=SANDBOX_ENV,
-        what="TriMul reference and initial kernel per shape, ratio to the published H100 figures",
+        what="TriMul: hostile kernels rejected, a torch.compile kernel timed, the slow-empty-call attack against its twin",
     ),
     Part(
         "vllm-tests",
@@ -204,6 +227,7 @@ PARTS: tuple[Part, ...] = (
     ),
 )
 BY_NAME = {p.name: p for p in PARTS}
+FIRST_CALL = tuple(p for p in PARTS if not p.needs_vllm)  # what a bare lent machine runs in its first call
 
 
 # ----------------------------------------------------------------------------- environment
@@ -306,7 +330,7 @@ def part_record(
         "part": part.name,
         "what": part.what,
         "command": command,
-        "extra_env": dict(part.env),
+        "extra_env": filled_env(part, isolation()),
         "started_utc": started or _now(),
         "status": status,
         "returncode": returncode,
@@ -321,20 +345,14 @@ def part_record(
 def run_part(part: Part, env_record: dict[str, Any], timeout_s: float, python: str, shape: str = "8b") -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix=f"gpu-check-{part.name}-") as tmp:
         json_path, junit_path = Path(tmp) / "figures.json", Path(tmp) / "junit.xml"
-        argv = [_fill(a, python, str(json_path), str(junit_path), shape) for a in part.argv]
+        argv = filled_argv(part, python, str(json_path), str(junit_path), shape, isolation())
         command = shown(part, shape)
-        child_env = os.environ | part.env
+        child_env = os.environ | filled_env(part, isolation())
         child_env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([child_env["PYTHONPATH"]] if child_env.get("PYTHONPATH") else []))
         print(f"\n=== {part.name} (limit {timeout_s:.0f} s): {command}", flush=True)
         started = _now()
         t0 = time.perf_counter()
-        try:
-            done = subprocess.run(argv, cwd=ROOT, env=child_env, capture_output=True, text=True, timeout=timeout_s)
-            code: int | None = done.returncode
-            output = done.stdout + ("\n" + done.stderr if done.stderr else "")
-        except subprocess.TimeoutExpired as err:
-            code = None
-            output = _text(err.stdout) + "\n" + _text(err.stderr) + f"\n[gpu-check: killed after {timeout_s:.0f} s]"
+        code, output, _ = run_with_limit(argv, child_env, timeout_s)
         seconds = time.perf_counter() - t0
         figures: dict[str, Any] = {}
         if json_path.is_file():
@@ -345,25 +363,67 @@ def run_part(part: Part, env_record: dict[str, Any], timeout_s: float, python: s
         return part_record(part, command, code, seconds, output, figures, env_record, started=started)
 
 
-def shown(part: Part, shape: str) -> str:
+def part_limit(part: Part, left_s: float, later: list[Part]) -> float:
+    """How long `part` may run: until only the later parts' own limits are left of the call's time
+    (a part that finished early passes its unused time on), and never past the call's end."""
+    return max(0.0, min(left_s, max(part.timeout_s, left_s - sum(p.timeout_s for p in later))))
+
+
+INTERRUPT_GRACE_S = 15  # after SIGINT at a part's limit, before SIGKILL
+
+
+def run_with_limit(argv: list[str], env: dict[str, str], timeout_s: float) -> tuple[int | None, str, int]:
+    """(exit status or None when it overran, its output, its pid). At the limit the part's process
+    group gets SIGINT, so that pytest still writes the JUnit file of the tests it finished, then SIGKILL."""
+    with tempfile.TemporaryFile() as out:
+        proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        code: int | None
+        try:
+            code = proc.wait(timeout=timeout_s)
+            note = ""
+        except subprocess.TimeoutExpired:
+            code = None
+            os.killpg(proc.pid, signal.SIGINT)
+            try:
+                proc.wait(timeout=INTERRUPT_GRACE_S)
+                note = f"\n[gpu-check: interrupted at its limit of {timeout_s:.0f} s]"
+            except subprocess.TimeoutExpired:
+                note = f"\n[gpu-check: killed at its limit of {timeout_s:.0f} s + {INTERRUPT_GRACE_S} s]"
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # whatever the part left running
+        except ProcessLookupError:
+            pass
+        proc.wait()
+        out.seek(0)
+        return code, out.read().decode("utf-8", "replace") + note, proc.pid
+
+
+def shown(part: Part, shape: str, isolation_: str | None = None) -> str:
     """The part's command as the results file shows it (placeholders named, extra environment first)."""
-    text = " ".join(shlex.quote(_fill(a, "python", "FIGURES.json", "JUNIT.xml", shape)) for a in part.argv)
-    return " ".join(f"{k}={v}" for k, v in part.env.items()) + (" " if part.env else "") + text
+    isolation_ = isolation_ or isolation()
+    text = " ".join(shlex.quote(a) for a in filled_argv(part, "python", "FIGURES.json", "JUNIT.xml", shape, isolation_))
+    env = filled_env(part, isolation_)
+    return " ".join(f"{k}={v}" for k, v in env.items()) + (" " if env else "") + text
 
 
 def _now() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
 
 
-def _fill(arg: str, python: str, json_path: str, junit_path: str, shape: str) -> str:
-    """A part's argument with its placeholders replaced (plain replacement: code in an argument may hold braces)."""
-    return arg.replace("{python}", python).replace("{json}", json_path).replace("{junit}", junit_path).replace("{shape}", shape)
+def filled_argv(part: Part, python: str, json_path: str, junit_path: str, shape: str, isolation_: str) -> list[str]:
+    """A part's arguments with their placeholders replaced (plain replacement: code in an argument may hold braces)."""
+    values = {"{python}": python, "{json}": json_path, "{junit}": junit_path, "{shape}": shape, "{isolation}": isolation_}
+    out = []
+    for arg in part.argv:
+        for key, value in values.items():
+            arg = arg.replace(key, value)
+        out.append(arg)
+    return out
 
 
-def _text(b: bytes | str | None) -> str:
-    if b is None:
-        return ""
-    return b if isinstance(b, str) else b.decode("utf-8", "replace")
+def filled_env(part: Part, isolation_: str) -> dict[str, str]:
+    """A part's extra environment, "{isolation}" filled in."""
+    return {k: v.replace("{isolation}", isolation_) for k, v in part.env.items()}
 
 
 # ----------------------------------------------------------------------------- the results file
@@ -489,26 +549,43 @@ def load_docs(paths: list[Path]) -> list[dict[str, Any]]:
 # ----------------------------------------------------------------------------- wheels
 
 
-def install_wheels(parts_dir: Path) -> None:
-    """Join parts_dir/part.* (the split tar of the module docstring), install the wheels into /tmp/site once, put it first on the path."""
-    if not (SITE / ".installed").is_file():
-        parts = sorted(parts_dir.glob("part.*"))
-        if not parts:
-            raise SystemExit(f"gpu-check: no wheel parts (part.*) in {parts_dir}")
-        with tempfile.TemporaryDirectory(prefix="wheels-") as tmp:
-            tar = Path(tmp) / "wheels.tar"
-            with tar.open("wb") as f:
-                for p in parts:
-                    f.write(p.read_bytes())
-            shutil.unpack_archive(str(tar), str(Path(tmp) / "wh"), format="tar")
-            wheels = sorted(str(w) for w in (Path(tmp) / "wh").glob("*.whl"))
+def wheels_in(folder: Path, unpack_to: Path) -> list[Path]:
+    """The wheels a carried folder holds: its *.whl files (the first call's few), and the wheels of
+    the split tar its part.* files make (prepare_wheels.sh's, for vLLM), unpacked into `unpack_to`."""
+    wheels = sorted(folder.glob("*.whl"))
+    parts = sorted(folder.glob("part.*"))
+    if parts:
+        tar = unpack_to / "wheels.tar"
+        with tar.open("wb") as f:
+            for p in parts:
+                f.write(p.read_bytes())
+        shutil.unpack_archive(str(tar), str(unpack_to / "wh"), format="tar")
+        wheels += sorted((unpack_to / "wh").glob("*.whl"))
+    if not wheels:
+        raise SystemExit(f"gpu-check: no wheels (*.whl) and no wheel parts (part.*) in {folder}")
+    return wheels
+
+
+def install_wheels(folder: Path, site: Path = SITE, python: str = sys.executable, quiet: bool = False) -> None:
+    """Install the wheels carried in `folder` into `site` (/tmp/site: those not installed there by an
+    earlier call on this machine) and put it first on the path of this process and every part. The
+    rehearsal on CPU installs the same wheels (its Python's builds) the same way."""
+    done = site / ".installed"
+    installed = set(done.read_text().split()) if done.is_file() else set()
+    with tempfile.TemporaryDirectory(prefix="wheels-") as tmp:
+        new = [w for w in wheels_in(folder, Path(tmp)) if w.name not in installed]
+        if new:
             subprocess.run(
-                [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile", "--target", str(SITE), *wheels],
+                [python, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile", "--target", str(site)]
+                + ["--upgrade", "--disable-pip-version-check", *map(str, new)],
                 check=True,
+                stdout=subprocess.DEVNULL if quiet else None,
             )
-        (SITE / ".installed").write_text("\n".join(p.name for p in parts) + "\n")
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(SITE)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))
-    sys.path.insert(0, str(SITE))
+            site.mkdir(parents=True, exist_ok=True)
+            done.write_text("\n".join(sorted(installed | {w.name for w in new})) + "\n")
+    if site == SITE:
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(SITE)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))
+        sys.path.insert(0, str(SITE))
 
 
 # ----------------------------------------------------------------------------- main
@@ -520,7 +597,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     ap.add_argument("--merge", type=Path, nargs="*", default=[], help="earlier results files to merge into this one")
     ap.add_argument("--max-seconds", type=float, default=ONE_CALL_S, help="time for all parts together (the device allows 600 s a call)")
-    ap.add_argument("--wheels", type=Path, default=None, help="a folder of prepare_wheels.sh parts to install first")
+    ap.add_argument(
+        "--wheels", type=Path, default=None, help="a carried folder of wheels (*.whl, or prepare_wheels.sh's part.*) to install first"
+    )
     ap.add_argument("--shape", default="8b", help="the random Qwen3 shape of the benchmarks (8b; small for a quick first pass)")
     ap.add_argument("--list", action="store_true", help="print the parts and their commands, run nothing")
     ap.add_argument("--merge-only", action="store_true", help="merge --merge files into --out, run nothing (no GPU needed)")
@@ -531,10 +610,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown part(s) {unknown}; the parts are {[p.name for p in PARTS]}")
     if args.list:
         for p in PARTS:
-            print(
-                f"{p.name:13s} {p.timeout_s:4d} s  "
-                f"{' '.join(_fill(a, 'python', 'FIGURES.json', 'JUNIT.xml', args.shape) for a in p.argv)}\n{'':20s}{p.what}"
-            )
+            print(f"{p.name:13s} {p.timeout_s:4d} s  {shown(p, args.shape)}\n{'':20s}{p.what}")
         return 0
     if args.merge_only:
         if not args.merge:
@@ -562,10 +638,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     doc = merge(None, *load_docs(args.merge), {"environment": env_record, "parts": {}})
     paths = write_results(args.out, doc)
+    runnable = [n for n in names if vllm_ok or not BY_NAME[n].needs_vllm]
     for name in names:
         part = BY_NAME[name]
-        left = None if args.max_seconds is None else args.max_seconds - (time.perf_counter() - t_start)
-        limit = part.timeout_s if left is None else min(part.timeout_s, left)
+        left = args.max_seconds - (time.perf_counter() - t_start)
+        limit = part_limit(part, left, [BY_NAME[n] for n in runnable[runnable.index(name) + 1 :]] if name in runnable else [])
         if part.needs_vllm and not vllm_ok:
             record = part_record(
                 part, shown(part, args.shape), None, 0.0, "", None, env_record, status="skipped: vLLM cannot be imported here"

@@ -38,14 +38,19 @@ from discover.policy.trainer import LoRATrainer  # noqa: E402
 IMPORTED = time.perf_counter()
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The command line (benchmarks/gpu_rehearsal.py reads a part's arguments with it)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", default="8b")
     ap.add_argument("--rollouts", type=int, default=4)
     ap.add_argument("--prompt-tokens", type=int, default=1000)
     ap.add_argument("--completion-tokens", type=int, default=3000)
     ap.add_argument("--json", default=None, help="write the figures here (JSON)")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     cpu = not has_cuda()
     if cpu:
         print(f"resident step benchmark: {NEEDS_GPU}.\nRunning the tiny CPU variant to check the script.")

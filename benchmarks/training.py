@@ -23,7 +23,8 @@ reference only. MFU = counted FLOPs / (seconds x the GPU's dense bf16 peak).
 `--offload-cycles N` then parks the trainer's tensors in CPU memory and brings them back N times
 (discover/policy/offload.py, model.offload_while_generating), timing each way: the first park
 copies the base weights, later ones only the adapter and Adam's state. `--json PATH` writes the
-figures for benchmarks/gpu_check.py.
+figures for benchmarks/gpu_check.py. The random model of `--shape` is built on the GPU in memory
+(never written to disk: the step does not need a copy there); `--model DIR` loads one from disk.
 Without a GPU: a tiny CPU variant checks the script (its figures say nothing about the target).
 """
 
@@ -34,7 +35,7 @@ import random
 import sys
 import time
 
-from gpu_common import NEEDS_GPU, gpu_name, has_cuda, peak_bf16_tflops, random_model, table, write_figures
+from gpu_common import NEEDS_GPU, gpu_name, has_cuda, peak_bf16_tflops, table, write_figures
 
 from discover.config import ModelConfig, SamplingConfig, TrainConfig
 from discover.policy.base import Completion, TrainBatch
@@ -74,7 +75,8 @@ def counted_flops(cfg, comps: list[Completion], lora_params: int) -> tuple[float
     return total, six_nd
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The command line (benchmarks/gpu_rehearsal.py reads a part's arguments with it)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", default="8b")
     ap.add_argument("--model", default=None)
@@ -88,9 +90,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lora-dtype", default="float32", choices=("float32", "bfloat16"), help="model.lora_dtype")
     ap.add_argument("--offload-cycles", type=int, default=0, help="park/unpark the trainer this many times after the step, timed")
     ap.add_argument("--json", default=None, help="write the figures here (JSON)")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     import torch
 
+    from discover.policy.qwen3_model import random_qwen3
+    from discover.policy.resident import as_base
     from discover.policy.trainer import LoRATrainer
 
     cpu = not has_cuda()
@@ -101,9 +109,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         args.shape, args.rollouts, args.prompt_tokens, args.min_completion, args.max_completion = "tiny", 4, 64, 32, 192
         args.micro_batch_tokens, args.rank = 512, 8
-    path = random_model(args.shape, args.model)
     model_cfg = ModelConfig(
-        name=str(path),
+        name=args.model or f"random-qwen3-{args.shape}",
         dtype="float32" if cpu else "bfloat16",
         device="cpu" if cpu else "cuda:0",
         lora_rank=args.rank,
@@ -111,7 +118,12 @@ def main(argv: list[str] | None = None) -> int:
         gradient_checkpointing=True,
         lora_dtype=args.lora_dtype,
     )
-    policy = LoRATrainer.load(model_cfg, seed=0)
+    if args.model:
+        policy = LoRATrainer.load(model_cfg, seed=0)
+    else:  # built on the device in memory: the step needs no copy on disk (issue 42)
+        print(f"building a random Qwen3-architecture model, shape {args.shape}, on {model_cfg.device} ...", flush=True)
+        built = random_qwen3(args.shape, seed=0, device=model_cfg.device, dtype=model_cfg.dtype)
+        policy = LoRATrainer.on_base(*as_base(*built), model_cfg, seed=0)
     cfg = policy.model.get_base_model().config
     comps = rollouts(args.rollouts, args.prompt_tokens, args.min_completion, args.max_completion, cfg.vocab_size)
     batch = TrainBatch(comps, [1.0 if i % 2 else -1.0 for i in range(len(comps))])

@@ -3,14 +3,18 @@ benchmark shape, their geometric means, their ratio to the published H100 figure
 of repeated timings of one kernel. Everything goes through the real evaluation (sandbox, driver,
 checker, roofline), one GPU at a time.
 
-    .venv/bin/python benchmarks/trimul.py [KERNEL.py ...] [--repeats 5] [--sandbox auto|docker|process]
+    .venv/bin/python benchmarks/trimul.py [KERNEL.py ...] [--repeats 5] [--sandbox auto|docker|process] [--json PATH]
 
-On a machine without a CUDA GPU it says so and exits with 0.
+On a machine without a CUDA GPU it says so and exits with 0. With a GPU it exits with 1 when the
+reference or the initial kernel is not valid there (nothing to compare with). `--json PATH` writes
+the figures (per kernel: runtimes per shape, geometric mean, reward, evaluation seconds; the repeated
+timings and their spread) for benchmarks/gpu_check.py.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -34,6 +38,7 @@ def main() -> int:
     parser.add_argument(
         "--isolation", default="standard", choices=("standard", "gvisor", "none"), help="sandbox.isolation (docs/sandbox.md)"
     )
+    parser.add_argument("--json", default=None, help="write the figures here (JSON)")
     args = parser.parse_args()
     gpus = local_gpus()
     if not gpus:
@@ -49,14 +54,17 @@ def main() -> int:
     entries = [("reference (float32, TF32 off)", REFERENCE, False), ("initial kernel", INITIAL_KERNEL, True)]
     entries += [(str(p), p.read_text(), True) for p in args.kernels]
     results = {}
+    figures: dict = {"gpus": [g.name for g in gpus], "sandbox": box.name, "kernels": {}, "published_H100_us": published}
     for name, source, rules in entries:
         t0 = time.time()
         v = problem.run_checks(source, box, static_rules=rules)
+        figures["kernels"][name] = {"valid": v.valid, "reward": v.reward, "reason": v.reason[:500], "seconds": time.time() - t0}
         if not v.valid:
             print(f"\n{name}: invalid ({time.time() - t0:.0f} s): {v.reason}")
             continue
         c = v.construction
         results[name] = c
+        figures["kernels"][name] |= {k: c[k] for k in ("runtimes_us", "std_us", "geomean_us", "timed_calls") if k in c}
         print(f"\n{name} on {c['gpu']} (torch {c['torch']}, triton {c['triton']}; evaluation {time.time() - t0:.0f} s)")
         for shape, mean, std, calls in zip(SHAPES["benchmarks"], c["runtimes_us"], c["std_us"], c["timed_calls"]):
             print(f"  {describe(shape):48s} {mean:10.1f} µs ± {std:6.1f} ({calls} calls)")
@@ -76,13 +84,17 @@ def main() -> int:
                 geomeans.append(v.construction["geomean_us"])
             else:
                 print(f"repeat invalid: {v.reason}")
+        figures["repeats_geomean_us"] = geomeans
         if len(geomeans) > 1:
             spread = (max(geomeans) - min(geomeans)) / statistics.mean(geomeans)
+            figures["repeats_spread"] = spread
             print(
                 f"\n{len(geomeans)} timings of the initial kernel: {', '.join(f'{g:.1f}' for g in geomeans)} µs; "
                 f"spread (max - min) / mean {100 * spread:.2f}%, stdev {statistics.stdev(geomeans):.1f} µs"
             )
-    return 0
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures, indent=2, default=str) + "\n")
+    return 0 if "reference (float32, TF32 off)" in results and "initial kernel" in results else 1
 
 
 if __name__ == "__main__":

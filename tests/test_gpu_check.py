@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -86,7 +87,7 @@ def test_results_file_merges_parts_from_several_calls(tmp_path):
     assert "# GPU check: NVIDIA H100 80GB HBM3" in md and "| driver | 580.95.05 |" in md and "| vllm | 0.20.2 |" in md
     assert "`python benchmarks/training.py ...`" in md and "| MFU | 0.4123 |" in md and "| offload[0].park.seconds | 1.25 |" in md
     assert "Tests: 1 passed, 1 failed, 0 errors, 1 skipped." in md and "test_b: failed" in md
-    assert "Not run: train-bf16, resident, trimul-tests, trimul-bench, generation, one-gpu, step-time." in md
+    assert "Not run: train-bf16, resident, trimul-bench, trimul-tests, generation, one-gpu, step-time." in md
 
     # a third call on another machine, merged from the files alone (no GPU needed)
     one = {
@@ -121,17 +122,41 @@ def test_a_part_runs_in_a_child_and_its_figures_and_timeout_are_recorded():
     assert record["command"].startswith("FAKE=1 python -c ") and record["command"].endswith("FIGURES.json")
     sleeps = gpu_check.Part("slow", ("{python}", "-c", "import time; print('started', flush=True); time.sleep(30)"), 60)
     record = gpu_check.run_part(sleeps, H100, 2, sys.executable)
-    assert record["status"] == "timeout" and record["returncode"] is None and "killed after 2 s" in record["output_tail"]
+    assert record["status"] == "timeout" and record["returncode"] is None and "interrupted at its limit of 2 s" in record["output_tail"]
+    # interrupted at its limit (SIGINT), a part still writes what it finished, as pytest writes its JUnit file
+    partial = (
+        "import json, sys, time\n"
+        "try:\n    print('started', flush=True); time.sleep(30)\n"
+        "except KeyboardInterrupt:\n    json.dump({'finished': 3}, open(sys.argv[1], 'w'))\n"
+    )
+    record = gpu_check.run_part(gpu_check.Part("partial", ("{python}", "-c", partial, "{json}"), 60), H100, 2, sys.executable)
+    assert record["status"] == "timeout" and record["figures"] == {"finished": 3}
+    stubborn = "import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); print('started', flush=True); time.sleep(60)"
+    started = time.monotonic()
+    record = gpu_check.run_part(gpu_check.Part("stubborn", ("{python}", "-c", stubborn), 60), H100, 1, sys.executable)
+    assert record["status"] == "timeout" and "killed at its limit" in record["output_tail"]
+    assert time.monotonic() - started < 1 + gpu_check.INTERRUPT_GRACE_S + 20  # killed, not waited for
     fails = gpu_check.Part("fails", ("{python}", "-c", "raise SystemExit(3)"), 60)
     assert gpu_check.run_part(fails, H100, 60, sys.executable)["status"] == "failed"
 
 
 def test_the_parts_a_bare_gpu_machine_can_run_fit_one_ten_minute_call() -> None:
-    """A lent GPU machine has torch and Triton and nothing carried, for one call of at most 10 minutes:
-    the parts that need no vLLM come first and their limits add up to one call (`ONE_CALL_S`, the
-    default of --max-seconds), so `make gpu-check` there gets the trainer's figures (fp32 and bf16
-    LoRA), the resident trainer against a cold worker, and TriMul's tests and timings in one run."""
+    """A lent GPU machine has torch and Triton, pydantic's wheels carried, for one call of at most 10
+    minutes: the parts that need no vLLM come first and their limits add up to at most 540 s
+    (`ONE_CALL_S`, the default of --max-seconds: 60 s left for the machine's probe, the wheels and the
+    results), so `make gpu-check` there gets the trainer's figures (fp32 and bf16 LoRA), the resident
+    trainer against a cold worker, and TriMul's timings and tests in one run."""
     bare = [p for p in gpu_check.PARTS if not p.needs_vllm]
-    assert [p.name for p in gpu_check.PARTS[: len(bare)]] == [p.name for p in bare]
+    assert [p.name for p in gpu_check.PARTS[: len(bare)]] == [p.name for p in bare] == [p.name for p in gpu_check.FIRST_CALL]
     assert {"train-fp32", "train-bf16", "resident", "trimul-tests", "trimul-bench"} <= {p.name for p in bare}
-    assert sum(p.timeout_s for p in bare) <= gpu_check.ONE_CALL_S <= 600 - 30
+    assert sum(p.timeout_s for p in bare) <= gpu_check.ONE_CALL_S <= 540
+
+
+def test_a_part_may_use_the_time_earlier_parts_left_but_not_the_later_parts_reserve() -> None:
+    a, b, c = (gpu_check.Part(n, ("{python}",), t) for n, t in (("a", 100), ("b", 50), ("c", 80)))
+    assert gpu_check.part_limit(a, 230, [b, c]) == 100  # on time: its own limit
+    assert gpu_check.part_limit(b, 200, [c]) == 120  # a left 30 s unused: b may use them
+    assert gpu_check.part_limit(c, 100, []) == 100  # the last part gets what is left
+    assert gpu_check.part_limit(c, 40, []) == 40  # never past the call's end
+    assert gpu_check.part_limit(b, 100, [c]) == 50  # late: its own limit, the call's end permitting
+

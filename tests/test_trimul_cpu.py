@@ -6,6 +6,7 @@ the driver and the checker at run time."""
 
 from __future__ import annotations
 
+import os
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -21,10 +22,13 @@ pytestmark = pytest.mark.slow
 
 # The CPU path, whatever this machine has: no GPU to lease.
 PROBLEM = TriMulProblem(device="cpu")
+# The process sandbox's isolation: standard (bubblewrap), unless the GPU check's rehearsal runs these
+# in the lent machine's environment, which has no bubblewrap (benchmarks/gpu_rehearsal.py, PAST_CUDA).
+ISOLATION = os.environ.get("DISCOVER_TEST_SANDBOX_ISOLATION", "standard")
 
 
 def _evaluate_all(sources: dict[str, str], static_rules: bool) -> dict[str, EvalResult]:
-    box = ProcessSandbox(image="gpu")
+    box = ProcessSandbox(image="gpu", isolation=ISOLATION)
     with ThreadPoolExecutor(max_workers=2) as pool:
         futures = {name: pool.submit(PROBLEM.run_checks, src, box, static_rules) for name, src in sources.items()}
         return {name: f.result() for name, f in futures.items()}
@@ -82,13 +86,13 @@ def test_the_run_time_rules_catch_them_too(runtime_verdicts, name) -> None:
 
 
 def test_a_kernel_in_the_style_of_the_published_ones_passes_the_check() -> None:
-    v = PROBLEM.run_checks(PUBLISHED_STYLE, ProcessSandbox(image="gpu"))
+    v = PROBLEM.run_checks(PUBLISHED_STYLE, ProcessSandbox(image="gpu", isolation=ISOLATION))
     assert v.reason.startswith("correct on the CPU check"), v.reason + v.observation[-2000:]
 
 
 def test_without_a_gpu_auto_uses_the_cpu_check_and_cuda_says_so_in_one_line() -> None:
     none = GpuLeases(gpus=())
-    cuda = TriMulProblem(device="cuda", leases=none).evaluate(CORRECT_TORCH, None, ProcessSandbox(image="gpu"))
+    cuda = TriMulProblem(device="cuda", leases=none).evaluate(CORRECT_TORCH, None, ProcessSandbox(image="gpu", isolation=ISOLATION))
     assert not cuda.valid and cuda.reason == NO_GPU and "\n" not in cuda.reason
     assert "gpu-h100" in NO_GPU and "nvidia-smi" in NO_GPU  # names the fix
 
@@ -108,7 +112,7 @@ def test_every_run_compiles_into_a_fresh_triton_cache_of_its_own() -> None:
         "timing": TIMING,
         **SAMPLING,
     }
-    box = ProcessSandbox(image="gpu")
+    box = ProcessSandbox(image="gpu", isolation=ISOLATION)
     dirs = []
     for _ in range(2):
         run = box.run(PROBLEM.driver_program, "main", job, PROBLEM.limits, device="cpu")

@@ -151,17 +151,14 @@ def qwen3_config(shape: str | dict[str, Any], tokenizer) -> Any:
     )
 
 
-def build_qwen3_model(
-    out_dir: Path, shape: str | dict[str, Any] = "tiny", seed: int = 0, device: str = "cpu", dtype: str = "bfloat16"
-) -> Path:
-    """Write tokenizer, chat template and random weights of a Qwen3-architecture model to `out_dir`."""
+def random_qwen3(shape: str | dict[str, Any] = "tiny", seed: int = 0, device: str = "cpu", dtype: str = "bfloat16"):
+    """(tokenizer, model): a Qwen3-architecture model with seeded random weights, built in memory on
+    `device` (nothing written: a benchmark that only trains needs no copy on disk)."""
     import torch
     from transformers import GenerationConfig, Qwen3ForCausalLM
 
     if isinstance(shape, str) and shape not in SHAPES:
         raise ValueError(f"unknown shape {shape!r}; choose one of {', '.join(SHAPES)} or pass the config fields")
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     vocab_size = (SHAPES[shape] if isinstance(shape, str) else shape)["vocab_size"]
     tokenizer = build_tokenizer(vocab_size)
     config = qwen3_config(shape, tokenizer)
@@ -179,6 +176,16 @@ def build_qwen3_model(
         do_sample=True,
         temperature=1.0,
     )
+    return tokenizer, model
+
+
+def build_qwen3_model(
+    out_dir: Path, shape: str | dict[str, Any] = "tiny", seed: int = 0, device: str = "cpu", dtype: str = "bfloat16"
+) -> Path:
+    """Write tokenizer, chat template and random weights of a Qwen3-architecture model to `out_dir`."""
+    tokenizer, model = random_qwen3(shape, seed=seed, device=device, dtype=dtype)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
     del model

@@ -14,7 +14,7 @@ import torch
 
 from discover.policy.model_files import resolve_model_path
 
-__all__ = ["BASE_CACHE", "load_base", "loads", "resolve_model_path", "share_weights_copy"]
+__all__ = ["BASE_CACHE", "as_base", "load_base", "loads", "resolve_model_path", "share_weights_copy"]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -51,14 +51,19 @@ def load_base(path: str, dtype: str, devices: list[torch.device]):
             ) from err
         if len(devices) == 1:
             model.to(devices[0])
-        model.eval()
-        for p in model.parameters():
-            p.requires_grad_(False)
-        if tokenizer.pad_token_id is None:
-            tokenizer.pad_token = tokenizer.eos_token
-        BASE_CACHE[key] = (tokenizer, model)
+        BASE_CACHE[key] = as_base(tokenizer, model)
         _LOADS[0] += 1
         return tokenizer, model
+
+
+def as_base(tokenizer, model: torch.nn.Module):
+    """(tokenizer, model) made a frozen base for adapters: evaluation mode, no gradients, a pad token."""
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer, model
 
 
 def share_weights_copy(model: torch.nn.Module) -> torch.nn.Module:

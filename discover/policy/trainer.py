@@ -295,12 +295,21 @@ class LoRATrainer:
         cls, model: ModelConfig, adapter_dir: Path | None = None, seed: int = 0, devices: list[torch.device] | None = None
     ) -> LoRATrainer:
         """The resident base model (loaded on first use) with the adapter of `adapter_dir` or a new one."""
-        from peft import LoraConfig, PeftModel, get_peft_model
-
         path = resolve_model_path(model.name)
         devices = devices or training_devices(model)
         offload.unpark_all()  # the resident base model back on its device, if it was parked
         tokenizer, base = load_base(path, model.dtype, devices)
+        return cls.on_base(tokenizer, base, model, adapter_dir, seed, devices)
+
+    @classmethod
+    def on_base(
+        cls, tokenizer, base, model: ModelConfig, adapter_dir: Path | None = None, seed: int = 0, devices: list[torch.device] | None = None
+    ) -> LoRATrainer:
+        """The adapter of `adapter_dir` (or a new one) over `base`, a model already in memory whose
+        frozen weights it shares (`load` passes the resident one; a benchmark, one it built)."""
+        from peft import LoraConfig, PeftModel, get_peft_model
+
+        devices = devices or training_devices(model)
         local = share_weights_copy(base)
         disable_dropout(local)
         if adapter_dir is not None:
