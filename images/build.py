@@ -14,10 +14,11 @@ argument BASE) and offline-packages.txt (the Debian packages its offline base ne
 
 Each image is tagged discover/<name>:latest and labelled with a content hash of its folder, its
 build arguments and its base image's id; an image whose hash has not changed is not rebuilt.
-A Dockerfile that declares `ARG TORCH_VERSION` / `ARG TRITON_VERSION` gets the versions uv.lock
-pins (the gpu image runs what the project locks). A Dockerfile that copies `host-ca.pem` gets, in
-its build context, the certificate bundle the host's pip trusts (PIP_CERT, else the system bundle):
-on a network whose HTTPS goes through an inspecting proxy, pip inside the build needs it.
+A Dockerfile that declares `ARG TORCH_VERSION` / `ARG TRITON_VERSION` / `ARG NUMPY_VERSION` gets
+the versions uv.lock pins (the gpu image runs what the project locks). A Dockerfile that copies
+`host-ca.pem` gets, in its build context, the certificate bundle the host's pip trusts (PIP_CERT,
+else the system bundle): on a network whose HTTPS goes through an inspecting proxy, pip inside the
+build needs it.
 
 An image whose folder has a requirements.txt (fully pinned: bio) gets its Python wheels downloaded
 by the host's pip, which reaches the package index through the host's proxy and certificates,
@@ -179,10 +180,10 @@ def lock_versions(packages: tuple[str, ...] = ("torch", "triton")) -> dict[str, 
 
 
 def build_args(name: str) -> dict[str, str]:
-    """Build arguments besides BASE: the locked torch/triton versions where the Dockerfile asks."""
+    """Build arguments besides BASE: the locked torch/triton/numpy versions where the Dockerfile asks."""
     text = (IMAGES_DIR / name / "Dockerfile").read_text()
     args = {}
-    for package, versions in (("torch", "TORCH_VERSION"), ("triton", "TRITON_VERSION")):
+    for package, versions in (("torch", "TORCH_VERSION"), ("triton", "TRITON_VERSION"), ("numpy", "NUMPY_VERSION")):
         if f"ARG {versions}" in text:
             args[versions] = lock_versions((package,))[package]
     return args

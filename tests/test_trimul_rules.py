@@ -351,7 +351,7 @@ def test_a_kernel_is_timed_only_after_every_test_shape_passed_on_its_leased_gpu(
     assert "us B1 N1024 C384 normal" in v.metrics and v.observation.startswith("driver log")
 
 
-def test_the_gpu_image_runs_the_torch_and_triton_the_project_locks() -> None:
+def test_the_gpu_image_runs_the_torch_triton_and_numpy_the_project_locks() -> None:
     import importlib.util
     from importlib.metadata import version
 
@@ -359,7 +359,7 @@ def test_the_gpu_image_runs_the_torch_and_triton_the_project_locks() -> None:
     build = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(build)
     args = build.build_args("gpu")
-    assert args == {"TORCH_VERSION": version("torch"), "TRITON_VERSION": version("triton")}  # what the text names
+    assert args == {"TORCH_VERSION": version("torch"), "TRITON_VERSION": version("triton"), "NUMPY_VERSION": version("numpy")}
     assert build.build_args("python-math") == {}
     names = __import__("tarfile").open(fileobj=build.build_context("gpu")).getnames()
     assert sorted(names) == ["Dockerfile", "host-ca.pem", "offline-packages.txt"]
