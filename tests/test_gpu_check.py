@@ -159,4 +159,3 @@ def test_a_part_may_use_the_time_earlier_parts_left_but_not_the_later_parts_rese
     assert gpu_check.part_limit(c, 100, []) == 100  # the last part gets what is left
     assert gpu_check.part_limit(c, 40, []) == 40  # never past the call's end
     assert gpu_check.part_limit(b, 100, [c]) == 50  # late: its own limit, the call's end permitting
-
