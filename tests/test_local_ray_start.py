@@ -36,15 +36,17 @@ def _ray_processes_below(pid: int) -> list[psutil.Process]:
 
 def test_a_failed_tries_processes_are_ended_and_others_are_left_alone() -> None:
     before = engines._descendants()
-    ray_like = subprocess.Popen(["sh", "-c", "sleep 300", "ray-gcs-server-like"])
-    other = subprocess.Popen(["sh", "-c", "sleep 300", "a-job-of-its-own"])
+    sleep = "import time; time.sleep(300)"
+    ray_like = subprocess.Popen([sys.executable, "-c", sleep, "ray-gcs-server-like"])
+    other = subprocess.Popen([sys.executable, "-c", sleep, "a-job-of-its-own"])
     try:
         time.sleep(0.5)
         assert engines._end_new_descendants(before, grace_s=5) == 1
         assert ray_like.wait(timeout=10) is not None and other.poll() is None
     finally:
-        other.kill()
-        ray_like.kill()
+        for p in (other, ray_like):
+            p.kill()
+            p.wait()
 
 
 START = textwrap.dedent(
