@@ -1,20 +1,26 @@
 """Shared fixtures: the published constructions, the tiny model, and one Prefect server for the
 whole test session (every test that runs a flow, in this process or in a `discover` subprocess,
-uses it, so no test pays for, or waits on, a temporary server of its own)."""
+uses it, so no test pays for, or waits on, a temporary server of its own). Under pytest-xdist
+(`make test` runs the suite on several workers) the server and the models are made once for all
+workers (tests/shared.py)."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
+
+from tests import shared
 
 REPO = Path(__file__).resolve().parents[1]
 # Where no cgroup can be made (a normal user without a delegated cgroup), let the process backend run
@@ -53,29 +59,77 @@ def published() -> Path:
     return REPO / "evaluators" / "math" / "published"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """The controlling process (the only one without pytest-xdist) makes the folder its workers share."""
+    if not hasattr(config, "workerinput"):
+        shared.begin()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Once every worker is done: the shared servers stopped, the shared folder removed."""
+    if not hasattr(config, "workerinput"):
+        shared.end()
+
+
+# Under pytest-xdist the longest tests start first, so that none of them is the last to end: Ray's
+# (one group, one worker: every local Ray instance and the loopback cluster use it), then these files
+# (several minutes each, most of it waiting on servers and restarts), then the other integration tests.
+RUN_FIRST = (
+    "test_prefect_server.py",
+    "test_one_writer.py",
+    "test_resume.py",
+    "test_hostile_trimul.py",
+    "test_hostile_denoising.py",
+    "test_denoising_sandbox.py",
+    "test_distributed_evaluation.py",
+    "test_real_model.py",
+    "test_trimul_compile.py",
+    "test_ahc_runs.py",
+    "test_docker_sandbox.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        if item.get_closest_marker("xdist_group"):
+            return 0
+        name = item.path.name
+        if name in RUN_FIRST:
+            return 1 + RUN_FIRST.index(name)
+        return len(RUN_FIRST) + (1 if item.get_closest_marker("slow") else 2)
+
+    items.sort(key=rank)  # stable: a file's tests keep their order
+
+
 @pytest.fixture(scope="session")
-def tiny_model_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A DISCOVER_CACHE holding the tiny model, built once per session (never the user's cache)."""
+def tiny_model_cache() -> Path:
+    """A DISCOVER_CACHE holding the tiny model, built once per test session for all its workers
+    (never the user's cache)."""
     from discover.policy.tiny_model import TINY_MODEL_NAME, build_tiny_model
 
-    cache = tmp_path_factory.mktemp("discover-cache")
-    build_tiny_model(cache / "models" / TINY_MODEL_NAME)
+    def build(folder: Path) -> dict:
+        build_tiny_model(folder / "models" / TINY_MODEL_NAME)
+        return {"cache": str(folder)}
+
+    cache = Path(shared.once("tiny-model-cache", build)["cache"])
     os.environ["DISCOVER_CACHE"] = str(cache)
     return cache
 
 
 @pytest.fixture(scope="session")
-def long_context_tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def long_context_tiny_model() -> Path:
     """The tiny model built with 8,192 positions instead of 2,048: the contexts of TriMul (about
     5,000 tokens) and denoising (about 3,700) do not fit the embedded build."""
     from unittest import mock
 
     from discover.policy import tiny_model
 
-    out = tmp_path_factory.mktemp("models") / "tiny-gpt2-8k"
-    with mock.patch.object(tiny_model, "N_POSITIONS", 8192):
-        tiny_model.build_tiny_model(out)
-    return out
+    def build(folder: Path) -> dict:
+        with mock.patch.object(tiny_model, "N_POSITIONS", 8192):
+            tiny_model.build_tiny_model(folder / "tiny-gpt2-8k")
+        return {"path": str(folder / "tiny-gpt2-8k")}
+
+    return Path(shared.once("long-context-tiny-model", build)["path"])
 
 
 def free_port() -> int:
@@ -85,47 +139,45 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
-def prefect_server(tmp_path_factory: pytest.TempPathFactory):
-    """The API URL of one real Prefect server on loopback for the whole session (SQLite in a
-    temporary PREFECT_HOME), started once and stopped at the end."""
-    home = tmp_path_factory.mktemp("prefect-server")
+def start_prefect_server(home: Path) -> dict:
+    """A real Prefect server on loopback (SQLite in `home`), in a session of its own: its API URL and
+    process group, once it answers."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_UI_ENABLED="false")
     env.update(PREFECT_SERVER_DATABASE_TIMEOUT=SQLITE_BUSY_TIMEOUT_S)
-    log = open(home / "server.log", "w")
     prefect = Path(sys.executable).parent / "prefect"
-    proc = subprocess.Popen(
-        [str(prefect), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    with open(home / "server.log", "w") as log:
+        proc = subprocess.Popen(
+            [str(prefect), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     api = f"http://127.0.0.1:{port}/api"
     deadline = time.monotonic() + SERVER_STARTUP_TIMEOUT_S
-    try:
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"the Prefect server exited with {proc.returncode}: {(home / 'server.log').read_text()[-2000:]}")
-            try:
-                with urllib.request.urlopen(f"{api}/health", timeout=10) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"the Prefect server did not answer within {SERVER_STARTUP_TIMEOUT_S} s")
-            time.sleep(0.5)
-        yield api
-    finally:
+    while True:
+        if proc.poll() is not None:
+            pytest.fail(f"the Prefect server exited with {proc.returncode}: {(home / 'server.log').read_text()[-2000:]}")
         try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=30)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
+            with urllib.request.urlopen(f"{api}/health", timeout=10) as response:
+                if response.status == 200:
+                    return {"api": api, "pgid": proc.pid, "log": str(home / "server.log")}
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
             os.killpg(proc.pid, signal.SIGKILL)
-        log.close()
+            pytest.fail(f"the Prefect server did not answer within {SERVER_STARTUP_TIMEOUT_S} s")
+        time.sleep(0.5)
+
+
+@pytest.fixture(scope="session")
+def prefect_server() -> str:
+    """The API URL of one real Prefect server on loopback for the whole test session, shared by its
+    workers (SQLite in a temporary PREFECT_HOME), started by the first that needs it and stopped when
+    the session ends (tests/shared.py)."""
+    return shared.once("prefect-server", start_prefect_server)["api"]
 
 
 @pytest.fixture(scope="session")
@@ -182,7 +234,7 @@ def archive_records(path: Path) -> tuple[list[dict], int]:
 
 
 @pytest.fixture(scope="session")
-def ray_cluster(tmp_path_factory: pytest.TempPathFactory, tiny_model_cache: Path, prefect_server: str):
+def ray_cluster(tiny_model_cache: Path, prefect_server: str):
     """One Ray cluster of three nodes on the loopback (a head and two workers, 2 CPUs each) for every
     Ray test of the session (tests/ray_cluster.py); skipped where Ray (the `ray` extra) is missing.
 
@@ -192,7 +244,9 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory, tiny_model_cache: Path
     pytest.importorskip("ray", reason="Ray is the `ray` extra (`make setup` installs it; pip install 'ttt-discover[ray]')")
     from tests.ray_cluster import LoopbackRayCluster
 
-    root = tmp_path_factory.mktemp("ray")
+    # a short folder: Ray's socket paths under it must fit AF_UNIX's 107 bytes, which pytest-xdist's
+    # per-worker temporary folders (/tmp/pytest-of-USER/pytest-N/popen-gwN/...) leave no room for
+    root = Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))
     # RAY_AUTH_MODE (as for this process, above): whatever a local instance started elsewhere on the
     # machine left in ~/.ray/auth_token, the nodes and this process's drivers agree
     env = {
@@ -208,3 +262,4 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory, tiny_model_cache: Path
         yield cluster
     finally:
         cluster.stop()
+        shutil.rmtree(root, ignore_errors=True)

@@ -74,6 +74,7 @@ NOT_THROUGH_ATOMIC = {
     "evaluators/sandbox/harness.py": "runs inside the sandbox, where the project is not importable",
     "evaluators/bio/denoising/driver.py": "runs inside the sandbox, where the project is not importable",
     "benchmarks/gpu_check.py": "runs on a lent GPU machine from the standard library alone",
+    "benchmarks/rehearsal_site/sitecustomize.py": "runs at every rehearsed process's start, before the project is importable",
     "images/build.py": "a build cache's tarball, outside any run",
 }
 
