@@ -27,6 +27,12 @@ The rules (`apply_edits`), each failure an `EditError` whose message names the b
   blocks before it; two blocks whose matched lines overlap are refused, naming both. Blocks then
   replace their lines (in any order of their positions: they do not overlap), and the result is
   the whole program.
+
+This runs on the host, outside any sandbox, on text the model wrote: its time is linear in the
+sizes of the parent and the answer. The parent is indexed once (each line's places, prefix hashes
+of its lines); a block is looked for only where its rarest line occurs, and the places looked at
+are capped at `LOCATE_WORK_PER_LINE` per line of parent and SEARCH parts together: blocks made of
+lines that occur too often to locate within that cost are refused.
 """
 
 from __future__ import annotations
@@ -92,19 +98,85 @@ def parse_blocks(answer: str) -> list[Block]:
     return blocks
 
 
-def _places(lines: list[str], search: tuple[str, ...]) -> list[int]:
-    """The line indices where `search` matches `lines` as consecutive whole lines."""
-    n = len(search)
-    return [i for i in range(len(lines) - n + 1) if tuple(lines[i : i + n]) == search]
+# Locating costs at most this many places looked at per line of the parent and of the answer's SEARCH
+# parts together; beyond it (blocks made of lines that occur hundreds of times) the answer is refused.
+LOCATE_WORK_PER_LINE = 20
+_MOD, _BASE = (1 << 61) - 1, 1_000_003  # the polynomial hash of a run of lines (each line a number)
 
 
-def locate(lines: list[str], block: Block, k: int) -> tuple[int, int]:
-    """The [start, end) line range of the parent's `lines` that block `k` (1-based) replaces."""
+class _Index:
+    """The parent's lines indexed once for all blocks: each distinct line a number, the places where
+    each occurs, and prefix hashes of the sequence, so that a block is located in time linear in its
+    own length plus the places its rarest line occurs (never by scanning the parent per block)."""
+
+    def __init__(self, lines: list[str]):
+        self.number: dict[str, int] = {}
+        self.seq: list[int] = []
+        self.where: dict[int, list[int]] = {}
+        for i, line in enumerate(lines):
+            n = self.number.setdefault(line, len(self.number))
+            self.seq.append(n)
+            self.where.setdefault(n, []).append(i)
+        self.prefix = [0]
+        for n in self.seq:
+            self.prefix.append((self.prefix[-1] * _BASE + n + 1) % _MOD)
+        self.power = [1]
+        for _ in self.seq:
+            self.power.append(self.power[-1] * _BASE % _MOD)
+
+    def places(self, search: tuple[str, ...], work: list[int]) -> list[int]:
+        """The line indices where `search` matches as consecutive whole lines; `work` (a one-item
+        budget) is charged with the places looked at, EditError when it runs out."""
+        numbers = [self.number.get(line) for line in search]
+        if any(n is None for n in numbers):
+            return []
+        length = len(numbers)
+        offset = min(range(length), key=lambda k: len(self.where[numbers[k]]))  # the rarest line anchors
+        anchors = self.where[numbers[offset]]
+        work[0] -= len(anchors)
+        if work[0] < 0:
+            raise EditError(
+                "the blocks are made of lines that occur too often in the parent's program to locate them within the "
+                "cost allowed; include lines that occur once"
+            )
+        target = 0
+        for n in numbers:
+            target = (target * _BASE + n + 1) % _MOD
+        found = []
+        for at in anchors:
+            start = at - offset
+            if start < 0 or start + length > len(self.seq):
+                continue
+            if (self.prefix[start + length] - self.prefix[start] * self.power[length]) % _MOD != target:
+                continue
+            if not found and self.seq[start : start + length] != numbers:
+                continue  # a hash collision: the first match is always compared line by line
+            found.append(start)
+        return found
+
+
+class _Parent:
+    """The parent's lines, with the exact index and, made on first need, the trailing-whitespace one."""
+
+    def __init__(self, lines: list[str], search_lines: int):
+        self.lines = lines
+        self.exact = _Index(lines)
+        self._stripped: _Index | None = None
+        self.work = [LOCATE_WORK_PER_LINE * (len(lines) + search_lines)]
+
+    def stripped(self) -> _Index:
+        if self._stripped is None:
+            self._stripped = _Index([s.rstrip() for s in self.lines])
+        return self._stripped
+
+
+def locate(parent: _Parent, block: Block, k: int) -> tuple[int, int]:
+    """The [start, end) line range of the parent's lines that block `k` (1-based) replaces."""
     if not any(s.strip() for s in block.search):
         raise EditError(f"block {k} has an empty SEARCH part; copy the lines to replace from the current program")
-    places = _places(lines, block.search)
+    places = parent.exact.places(block.search, parent.work)
     if not places:  # the whitespace-tolerant fallback: trailing whitespace stripped on both sides
-        places = _places([s.rstrip() for s in lines], tuple(s.rstrip() for s in block.search))
+        places = parent.stripped().places(tuple(s.rstrip() for s in block.search), parent.work)
     if not places:
         raise EditError(f"block {k} (SEARCH starts {block.first_line()!r}) matches no place of the parent's program")
     if len(places) > 1:
@@ -113,9 +185,11 @@ def locate(lines: list[str], block: Block, k: int) -> tuple[int, int]:
 
 
 def apply_blocks(parent: str, blocks: list[Block]) -> str:
-    """`parent` with every block applied, each matched against `parent` itself (see the module's rules)."""
+    """`parent` with every block applied, each matched against `parent` itself (see the module's rules),
+    in time linear in the sizes of the parent and the blocks (`_Index`; `LOCATE_WORK_PER_LINE`)."""
     lines = parent.split("\n")
-    ranges = [(*locate(lines, b, k), k) for k, b in enumerate(blocks, start=1)]
+    indexed = _Parent(lines, sum(len(b.search) for b in blocks))
+    ranges = [(*locate(indexed, b, k), k) for k, b in enumerate(blocks, start=1)]
     ordered = sorted(ranges)
     for (_, end, a), (start, _, b) in zip(ordered, ordered[1:]):
         if start < end:

@@ -326,3 +326,27 @@ def test_problems_whose_seeds_carry_no_program_are_refused_naming_the_fix(name: 
 
     with pytest.raises(PreflightError, match=f"seed states of problem {name} carry no program to edit; give them one"):
         check_answer_format(parse_config({"problem": name, "sampling": {"answer_format": "edits"}}), get_problem(name))
+
+
+def _blocks(pairs) -> str:
+    return "".join(f"<<<<<<< SEARCH\n{s}\n=======\n{r}\n>>>>>>> REPLACE\n" for s, r in pairs)
+
+
+def test_thousands_of_blocks_on_a_long_parent_apply_through_the_whitespace_fallback() -> None:
+    """The host applies the edits outside any sandbox, so their cost must follow their size: 3,000
+    one-line blocks that match only with trailing whitespace stripped, on a 16,000-line parent, apply
+    (the fallback no longer strips the whole parent again for every block; benchmarks/edits.py times it)."""
+    parent = "\n".join(f"x_{i} = {i}  " for i in range(16000))
+    edited = apply_edits(parent, _blocks((f"x_{i} = {i}", f"x_{i} = {-i}") for i in range(0, 15000, 5)))
+    lines = edited.split("\n")
+    assert len(lines) == 16000 and lines[5] == "x_5 = -5" and lines[6] == "x_6 = 6  " and lines[14995] == "x_14995 = -14995"
+
+
+def test_blocks_of_lines_that_occur_too_often_are_refused_within_a_bounded_cost() -> None:
+    """Each block is looked for only where its rarest line occurs; blocks whose every line occurs
+    thousands of times would cost that many places each, so past LOCATE_WORK_PER_LINE per line of
+    input the answer is refused, naming why."""
+    parent = "a\nb\n" * 8000 + "b\nb"
+    with pytest.raises(EditError, match="occur too often in the parent's program to locate them within the cost allowed"):
+        apply_edits(parent, _blocks(("a\nb\nb", "c") for _ in range(3000)))
+    assert apply_edits(parent, _blocks([("a\nb\nb", "c")])).endswith("a\nb\nc\nb")  # one such block is located
