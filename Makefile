@@ -64,11 +64,13 @@ format: setup
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-# The sandbox's tools, PostgreSQL, the images, lint, the type check and the GPU check's rehearsal
-# (its report in .cache/gpu-rehearsal), then every test (tests/test_imports.py runs import-linter's floor contracts).
+# The sandbox's tools, PostgreSQL, the images, lint and the type check, then every test
+# (tests/test_imports.py runs import-linter's floor contracts; tests/test_gpu_rehearsal.py runs the GPU
+# check's rehearsal, `make gpu-check REHEARSE=1`), on TEST_WORKERS pytest-xdist workers: most of the
+# suite's time is spent waiting on servers, subprocesses and restarts, which workers overlap.
+TEST_WORKERS ?= 3
 test: setup sandbox-tools test-services test-images lint typecheck
-	$(MAKE) --no-print-directory gpu-check REHEARSE=1 GPU_CHECK_OUT=.cache/gpu-rehearsal
-	$(VENV)/bin/python -m pytest -q --durations=30
+	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=30
 
 # Every GPU test and benchmark in one go, one results file: benchmarks/results/gpu-<date>-<gpu>.json
 # and .md (benchmarks/gpu_check.py; docs/gpu-check.md). Without a CUDA device it says "no CUDA

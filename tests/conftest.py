@@ -76,6 +76,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 # (several minutes each, most of it waiting on servers and restarts), then the other integration tests.
 RUN_FIRST = (
     "test_prefect_server.py",
+    "test_gpu_rehearsal.py",
     "test_one_writer.py",
     "test_resume.py",
     "test_hostile_trimul.py",

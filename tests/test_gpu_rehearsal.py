@@ -140,3 +140,23 @@ def test_the_training_prediction_shows_its_arithmetic() -> None:
     assert "PFLOP /" in step["as"] and f"MFU {gpu_rehearsal.ASSUMED['MFU']}" in step["as"]
     assert "offload and reload" in terms and prediction["limit_s"] == part.timeout_s
     assert prediction["predicted_s"] == pytest.approx(sum(t["seconds"] for t in prediction["arithmetic"]), abs=0.2)
+
+
+@pytest.mark.slow
+def test_the_rehearsal_takes_every_part_of_the_first_call_to_its_first_cuda_call(tmp_path) -> None:
+    """`make gpu-check REHEARSE=1` as `make test` runs it: an environment of the lent machine's image's
+    packages, every part of the first call run with the real call's arguments to its first CUDA call and
+    past it on CPU; it exits 0 only when every part got there (benchmarks/results/gpu-rehearsal.md)."""
+    done = subprocess.run(
+        ["make", "-s", "gpu-check", "REHEARSE=1", f"GPU_CHECK_OUT={tmp_path}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    report = tmp_path / "gpu-rehearsal.json"
+    assert done.returncode == 0 and report.is_file(), (done.stdout + done.stderr)[-6000:]
+    doc = json.loads(report.read_text())
+    assert doc["ok"] and [p["part"] for p in doc["parts"]] == [p.name for p in gpu_check.FIRST_CALL]
+    assert all(p["reached_cuda"] for p in doc["parts"]) and doc["travels"]["fits"]
+    assert doc["limits_total_s"] <= gpu_check.ONE_CALL_S
