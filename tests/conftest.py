@@ -71,11 +71,15 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         shared.end()
 
 
-# Under pytest-xdist the longest tests start first, so that none of them is the last to end: Ray's
-# (one group, one worker: every local Ray instance and the loopback cluster use it), then these files
-# (several minutes each, most of it waiting on servers and restarts), then the other integration tests.
+# Under pytest-xdist the longest tests start first, so that none of them is the last to end: the
+# loopback Ray cluster's (one group: one worker starts the cluster and runs them all), then these
+# files (minutes each, most of it waiting on servers, restarts and subprocesses), then the other
+# integration tests. Local Ray instances need no group: several start side by side on one machine.
 RUN_FIRST = (
     "test_prefect_server.py",
+    "test_resident_ranks.py",
+    "test_resume_generate.py",
+    "test_sharded_training.py",
     "test_gpu_rehearsal.py",
     "test_one_writer.py",
     "test_resume.py",

@@ -56,7 +56,6 @@ def test_local_threads_can_always_start_a_candidate() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("ray")
 def test_the_ray_check_names_what_a_candidate_asks_and_what_the_cluster_has() -> None:
     from tests.test_sharded_training import local_ray
 

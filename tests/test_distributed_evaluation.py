@@ -110,7 +110,6 @@ def test_a_local_dask_cluster_and_overlap_give_the_archive_of_the_local_runner(
     assert os.getpid() not in {pid for _, _, pid in evaluated}
 
 
-@pytest.mark.xdist_group("ray")  # Ray's tests share one worker (tests/conftest.py)
 def test_a_local_ray_instance_gives_the_archive_of_the_local_runner(
     tmp_path: Path, reference: Path, counted: Path, prefect_api: str
 ) -> None:

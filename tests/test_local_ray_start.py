@@ -18,8 +18,6 @@ from flows import engines
 
 REPO = Path(__file__).resolve().parents[1]
 
-pytestmark = pytest.mark.xdist_group("ray")  # Ray's tests share one worker (tests/conftest.py)
-
 
 def _ray_processes_below(pid: int) -> list[psutil.Process]:
     try:

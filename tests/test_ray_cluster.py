@@ -29,7 +29,7 @@ import pytest
 from tests.conftest import tiny_toy_config
 from tests.ray_cluster import HOST
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]  # Ray's tests share one worker (tests/conftest.py)
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray-cluster")]  # one worker starts the cluster (tests/conftest.py)
 
 
 FAULTS = Path(__file__).parent / "faults"

@@ -22,7 +22,7 @@ from tests.conftest import tiny_toy_config
 from tests.test_ray_cluster import FAULTS, _load_log
 from tests.test_sharded_training import local_ray
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]  # Ray's tests share one worker (tests/conftest.py)
+pytestmark = pytest.mark.slow
 
 
 def test_an_unchanged_group_is_found_again_and_a_new_learning_rate_builds_it_again(tmp_path: Path) -> None:

@@ -180,7 +180,6 @@ def test_a_generate_killed_midway_generates_only_the_missing_rollouts(tmp_path: 
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("ray")
 def test_a_trainer_rank_lost_mid_step_fails_train_cleanly_and_a_retry_completes_it(
     tmp_path: Path, tiny_model_cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

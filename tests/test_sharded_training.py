@@ -25,8 +25,6 @@ AFTER_STEP_1 = (1e-4, 1e-5)
 # statistics of the whole batch; `micro_batches` and `padded_tokens` describe each rank's own packing
 COMPARED = ("loss", "tokens", "trained", "skipped", "mean_ratio", "max_ratio", "ratio_capped_fraction", "logprob_gap", "kl", "grad_norm")
 
-pytestmark = pytest.mark.xdist_group("ray")  # Ray's tests share one worker (tests/conftest.py)
-
 
 @pytest.fixture(scope="module", autouse=True)
 def cache(tmp_path_factory):
