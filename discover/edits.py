@@ -127,9 +127,12 @@ class _Index:
     def places(self, search: tuple[str, ...], work: list[int]) -> list[int]:
         """The line indices where `search` matches as consecutive whole lines; `work` (a one-item
         budget) is charged with the places looked at, EditError when it runs out."""
-        numbers = [self.number.get(line) for line in search]
-        if any(n is None for n in numbers):
-            return []
+        numbers: list[int] = []
+        for line in search:
+            n = self.number.get(line)
+            if n is None:  # a line the parent does not have
+                return []
+            numbers.append(n)
         length = len(numbers)
         offset = min(range(length), key=lambda k: len(self.where[numbers[k]]))  # the rarest line anchors
         anchors = self.where[numbers[offset]]
@@ -142,7 +145,7 @@ class _Index:
         target = 0
         for n in numbers:
             target = (target * _BASE + n + 1) % _MOD
-        found = []
+        found: list[int] = []
         for at in anchors:
             start = at - offset
             if start < 0 or start + length > len(self.seq):
