@@ -106,6 +106,39 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=rank)  # stable: a file's tests keep their order
 
 
+CLI_SETS = ("PREFECT_LOGGING_LEVEL", "PREFECT_SERVER_ANALYTICS_ENABLED")  # cli/app.py `_setup_logging`
+
+
+@pytest.fixture(autouse=True)
+def _project_loggers_restored():
+    """Each test starts with the project's loggers and the CLI's Prefect defaults as before it: the
+    CLI, run in-process by some tests, gives `discover` (and a problem's progress logger) a handler
+    of their own and stops them propagating, which would hide their records from a later test's
+    caplog on the same worker, and sets Prefect's logging level in os.environ, after which Prefect
+    builds its settings anew without the session server's URL (a temporary server was started)."""
+    import logging
+
+    def ours() -> dict[str, tuple]:
+        names = [n for n in logging.root.manager.loggerDict if n.split(".")[0] in ("discover", "evaluators", "flows", "cli")]
+        loggers = [logging.getLogger(n) for n in names]
+        return {lg.name: (list(lg.handlers), lg.level, lg.propagate) for lg in loggers}
+
+    saved = ours()
+    env = {k: os.environ.get(k) for k in CLI_SETS}
+    yield
+    for key, value in env.items():  # the CLI's defaults for Prefect, which would outlive the test in os.environ
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    for name in ours():
+        lg = logging.getLogger(name)
+        handlers, level, propagate = saved.get(name, ([], logging.NOTSET, True))
+        lg.handlers[:] = handlers
+        lg.setLevel(level)
+        lg.propagate = propagate
+
+
 @pytest.fixture(scope="session")
 def tiny_model_cache() -> Path:
     """A DISCOVER_CACHE holding the tiny model, built once per test session for all its workers
@@ -187,15 +220,25 @@ def prefect_server() -> str:
 
 @pytest.fixture(scope="session")
 def prefect_api(prefect_server: str):
-    """Prefect's API for flows run inside the test process: the session's server."""
+    """Prefect's API for flows run inside the test process: the session's server, in the settings
+    and in the environment (Prefect's background threads, its log worker among them, read the
+    environment: without it they start a temporary server of their own)."""
     from prefect.logging.handlers import APILogWorker
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    with temporary_settings({PREFECT_API_URL: prefect_server}):
-        yield prefect_server
-        # Send the session's last flow-run logs while the server still answers (it stops next),
-        # instead of at interpreter exit, where they would fail with "Error logging to API".
-        APILogWorker.drain_all(timeout=60)
+    before = os.environ.get("PREFECT_API_URL")
+    os.environ["PREFECT_API_URL"] = prefect_server
+    try:
+        with temporary_settings({PREFECT_API_URL: prefect_server}):
+            yield prefect_server
+            # Send the session's last flow-run logs while the server still answers (it stops next),
+            # instead of at interpreter exit, where they would fail with "Error logging to API".
+            APILogWorker.drain_all(timeout=60)
+    finally:
+        if before is None:
+            os.environ.pop("PREFECT_API_URL", None)
+        else:
+            os.environ["PREFECT_API_URL"] = before
 
 
 @pytest.fixture

@@ -669,8 +669,10 @@ def test_a_checkout_under_tmp_runs_candidates_isolated_or_refuses():
         shutil.rmtree(open_dir, ignore_errors=True)
 
 
-def test_the_processes_a_run_left_are_none_and_its_directory_is_gone():
-    before = set(os.listdir(tempfile.gettempdir()))
+def test_the_processes_a_run_left_are_none_and_its_directory_is_gone(tmp_path, monkeypatch):
+    # the run's directory made in a folder of this test's own: other processes (a concurrent test
+    # worker, a run on the machine) make and remove sandbox directories in the shared temporary folder
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     _run(ProcessSandbox(), "import os\ndef main(_):\n    os.makedirs('a/b', exist_ok=True)\n    os.chmod('a', 0)\n    return 1\n")
-    left = [n for n in set(os.listdir(tempfile.gettempdir())) - before if n.startswith("discover-sandbox-")]
+    left = [n for n in os.listdir(tmp_path) if n.startswith("discover-sandbox-")]
     assert left == [], left
