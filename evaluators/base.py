@@ -23,6 +23,19 @@ import numpy as np
 from evaluators.parsing import normalize_code
 from evaluators.sandbox.base import Sandbox, SandboxLimits
 
+REASON_CHARS = 2000  # a verdict's reason, at most
+OBSERVATION_CHARS = 8000  # a verdict's observation (the tail of the candidate's output), at most
+DETAIL_CHARS = 300  # one case's reason among a verdict's per-case metrics (150 cases for AtCoder), at most
+
+
+def clip(text: str, limit: int, keep: str = "head") -> str:
+    """`text` cut to at most `limit` characters, saying how many were cut: its start kept (its end with keep="tail")."""
+    if len(text) <= limit:
+        return text
+    note = f"[... {len(text) - limit} characters cut]"
+    room = limit - len(note) - 1
+    return text[:room] + " " + note if keep == "head" else note + " " + text[len(text) - room :]
+
 
 @dataclass(frozen=True, kw_only=True)
 class EvalResult:
@@ -40,6 +53,9 @@ class EvalResult:
         # docs/method.md §1: a state that fails any check has reward 0 and never enters the archive
         object.__setattr__(self, "valid", bool(self.valid))
         object.__setattr__(self, "reward", float(self.reward) if self.valid else 0.0)
+        # what a candidate can make these say is bounded, whatever it does (the archive, logs and progress lines carry them)
+        object.__setattr__(self, "reason", clip(self.reason, REASON_CHARS))
+        object.__setattr__(self, "observation", clip(self.observation, OBSERVATION_CHARS, keep="tail"))
 
     @staticmethod
     def invalid(reason: str, observation: str = "") -> EvalResult:

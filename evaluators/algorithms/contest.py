@@ -32,7 +32,7 @@ import numpy as np
 
 from evaluators.algorithms.cases import public_inputs, select_cases
 from evaluators.algorithms.judging import MAX_OUTPUT_BYTES
-from evaluators.base import ArchivedState, BaseProblem, EvalResult, Judgement, ParentView, ReportSection, SeedState
+from evaluators.base import DETAIL_CHARS, ArchivedState, BaseProblem, EvalResult, Judgement, ParentView, ReportSection, SeedState, clip
 from evaluators.options import missing_file
 from evaluators.parsing import last_fenced_block, normalize_code
 from evaluators.sandbox.base import SandboxLimits
@@ -317,7 +317,7 @@ def _row(run: CaseRun, judgement: Judgement | None) -> dict[str, Any]:
         "score": int(score),
         "cpu_s": round(run.cpu_s, 3),
         "peak_mb": round(run.peak_mb, 1),
-        "reason": reason,
+        "reason": clip(reason, DETAIL_CHARS),  # a case's detail is bounded (a candidate fills it)
     }
 
 

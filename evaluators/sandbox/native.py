@@ -146,7 +146,9 @@ def classify(raw: dict[str, Any], limits: NativeLimits) -> CaseRun:
     sig, code = raw.get("signal"), raw.get("exit_code")
     stderr = raw.get("stderr", "")
     status, detail = "OK", ""
-    if raw["timed_out"]:
+    if raw.get("flooded"):  # stopped by the sandbox: too many refused system calls
+        status, detail = "RE", raw.get("denied_calls") or "stopped after too many refused system calls"
+    elif raw["timed_out"]:
         status, detail = "TLE", f"still running after the wall-clock backstop of {limits.wall_s:g} s (CPU time {cpu:.2f} s)"
     elif sig == signal.SIGXCPU or cpu > limits.cpu_s:
         status, detail = "TLE", f"CPU time {cpu:.2f} s{note} > {limits.cpu_s:g} s"
@@ -162,7 +164,7 @@ def classify(raw: dict[str, Any], limits: NativeLimits) -> CaseRun:
         status, detail = "OLE", f"more than {limits.output_bytes} bytes of output"
     elif sig is not None or code:
         status, detail = "RE", _exit(sig, code)
-    if status != "OK" and raw.get("denied_calls"):
+    if status != "OK" and raw.get("denied_calls") and not raw.get("flooded"):
         detail += f"; {raw['denied_calls']}"
     return CaseRun(
         case=int(raw["index"]),
@@ -492,11 +494,12 @@ class LocalSession:
             raise SessionError(f"the sandbox could not start the program: {raw['setup_failed']}")
         kind = "compiler" if raw.get("kind") == "ready" else "program"
         counts = {(int(a), int(n)): int(c) for a, n, c in raw.pop("denied", None) or []}
-        seen = self.seen.setdefault(kind, {})
-        for key, c in counts.items():
-            seen[syscalls.name(*key)] = seen.get(syscalls.name(*key), 0) + c
-        if counts and not self.learn:
-            raw["denied_calls"] = syscalls.describe(counts, kind)
+        if self.learn:  # deriving profiles: every call made is written down; nothing else is kept
+            seen = self.seen.setdefault(kind, {})
+            for key, c in counts.items():
+                seen[syscalls.name(*key)] = seen.get(syscalls.name(*key), 0) + c
+        elif counts:
+            raw["denied_calls"] = syscalls.describe(counts, kind, bool(raw.get("flooded")))
         return raw
 
     @contextmanager

@@ -147,6 +147,7 @@ class Child:
             spec.loader.exec_module(self.supervisor)
         self.channel = self.listener = None
         self.launcher_cpu_s = 0.0
+        self.flooded = False  # the last child was stopped for too many refused system calls
 
     def popen(self, argv, limits, cgroup_procs=(), kind="program", chdir=None, **kw):
         """Start `argv` under `limits` ({name: (soft, hard)}) as the unprivileged uid, inside the
@@ -247,6 +248,7 @@ class Child:
         answering the seccomp listener, kills the process group while its leader is unreaped (its
         pgid cannot be reused), then reaps it. Bubblewrap exits with 128 + the signal that killed
         the program: read as that signal."""
+        flooded = False
         try:
             fd = os.pidfd_open(proc.pid)
         except OSError:  # no pidfd (gVisor of 2022): poll for the exit instead, without reaping
@@ -264,6 +266,9 @@ class Child:
                 if fd in readable:
                     ready = True
                 elif readable and not self.listener.handle():
+                    if self.listener.flooded:
+                        flooded = True
+                        break  # too many refused calls: the run is stopped below
                     self.listener.close()
                     self.listener = None
         finally:
@@ -279,7 +284,8 @@ class Child:
         sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
         if self.sandbox is not None and code is not None and code > 128:
             code, sig = None, code - 128
-        return not ready, code, sig, usage, time.monotonic() - start
+        self.flooded = flooded
+        return not ready and not flooded, code, sig, usage, time.monotonic() - start
 
     def clean(self):
         """Kill everything the child left and remove what it owns; True when nothing is left (in a
@@ -476,7 +482,7 @@ def compile_source(setup, child, work):
         shutil.rmtree(build, ignore_errors=True)
         return {"ok": False, "seconds": 0.0, "log": "the sandbox could not start the compiler: %s" % failed, "missing": True}
     text, _ = tail(log_path, COMPILE_LOG)
-    result = {"seconds": time.monotonic() - start, "log": text.decode("utf-8", "replace"), "denied": denied}
+    result = {"seconds": time.monotonic() - start, "log": text.decode("utf-8", "replace"), "denied": denied, "flooded": child.flooded}
     ok = not timed_out and code == 0 and os.path.isfile(out)
     if timed_out:
         result["log"] += "\ncompilation timed out after %g s" % timeout
@@ -570,6 +576,7 @@ def run_case(case, setup, child, work):
         "cpu_s": max(0.0, usage.ru_utime + usage.ru_stime - child.launcher_cpu_s),
         "launcher_cpu_s": child.launcher_cpu_s,
         "denied": denied,
+        "flooded": child.flooded,  # stopped for too many refused system calls
         "wall_s": wall,
         "peak_kb": usage.ru_maxrss,
         "cgroup_cpu_s": None if cpu0 is None or cpu1 is None else cpu1 - cpu0,

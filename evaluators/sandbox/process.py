@@ -164,7 +164,8 @@ class ProcessSandbox:
         if image not in view.PACKAGES:
             raise ValueError(f"unknown image {image!r} for the process sandbox; known: {', '.join(view.PACKAGES)}")
         self.seccomp_mode = "notify"  # "learn": every call let through and written down (learn_profiles.py)
-        # {profile: {call: count}}: the calls the filters refused (learn mode: every call made)
+        # learn mode only ({profile: {call: count}}: every call made); a run's refused calls go into its
+        # own verdict and nothing of them is kept here
         self.calls_seen: dict[str, dict[str, int]] = {}
         self.image = image  # whose packages a Python run may import (view.PACKAGES) and its seccomp profile
         if allow_unbounded_process_tree is None:
@@ -349,7 +350,13 @@ class ProcessSandbox:
                     f"the process sandbox could not set up the candidate's sandbox: {failed}" + (f" ({last})" if last else "")
                 ) from None
             if fd is not None:
-                listener = Listener(fd, learn=self.seccomp_mode == "learn")
+
+                def stop_the_run() -> None:  # too many refused calls: the run ends here
+                    kill_group(proc.pid)
+                    if group is not None:
+                        group.kill()
+
+                listener = Listener(fd, learn=self.seccomp_mode == "learn", on_flood=stop_the_run)
                 server = threading.Thread(target=listener.serve, args=(stop,), daemon=True, name="seccomp-listener")
                 server.start()
             timed_out = not wait_unreaped(proc.pid, limits.timeout_s)
@@ -365,15 +372,18 @@ class ProcessSandbox:
             if listener is not None:
                 listener.close()
         counts = listener.counts() if listener is not None else {}
-        seen = self.calls_seen.setdefault(self.profile, {})
-        for key, n in counts.items():
-            seen[syscalls.name(*key)] = seen.get(syscalls.name(*key), 0) + n
-        if self.seccomp_mode == "learn":
+        flooded = listener is not None and listener.flooded
+        if self.seccomp_mode == "learn":  # deriving profiles: every call made is written down; nothing else is kept
+            seen = self.calls_seen.setdefault(self.profile, {})
+            for key, n in counts.items():
+                seen[syscalls.name(*key)] = seen.get(syscalls.name(*key), 0) + n
             counts = {}
-        denied = syscalls.describe(counts, self.profile)
+        denied = syscalls.describe(counts, self.profile, flooded)
         logs, last_err_line = read_logs(out, err, cap)
         if denied:
             logs = f"[sandbox] {denied}\n" + logs
+        if flooded:
+            return SandboxResult(ok=False, reason=denied, logs=logs, denied=denied)
         if timed_out:
             return SandboxResult(ok=False, reason=_with(f"timeout after {limits.timeout_s:g} s", denied), logs=logs, denied=denied)
         if group is not None and group.oom_kills():  # whoever was killed, the tree went over

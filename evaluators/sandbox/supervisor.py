@@ -10,8 +10,9 @@ launcher ever held that end, so whatever a candidate does afterwards (exits with
 prints anything, renames files) cannot make the host think that set-up failed.
 
 `Listener.handle()` answers one pending call: EPERM (`learn`: let it run, for deriving profiles),
-and counts it by (architecture, number); the host names the calls with libseccomp
-(evaluators/sandbox/syscalls.py) in the verdict.
+and counts it by (architecture, number), in bounded space: a run's first DISTINCT_MAX numbers one
+by one, the rest together; past REFUSED_MAX refused calls the run is stopped (`flooded`). The host
+names the calls with libseccomp (evaluators/sandbox/syscalls.py) in the verdict.
 """
 
 import errno
@@ -37,18 +38,34 @@ class SetupFailed(RuntimeError):
     """The sandbox could not be set up (no candidate code ran): the infrastructure's to fix."""
 
 
-class Listener:
-    """A seccomp listener: answers the calls the filter sends it and counts them."""
+# What one run's refused calls may cost the host (the listener runs in the host's process, outside
+# the run's cgroup): distinct (architecture, number) pairs counted one by one, the rest counted
+# together; and refused calls in all, past which the run is stopped (its verdict says so).
+DISTINCT_MAX = 64
+REFUSED_MAX = 10000
+LEARN_DISTINCT_MAX = 4096  # learn mode (deriving profiles from honest programs): every call made is counted
 
-    def __init__(self, fd, learn=False):
+
+class Listener:
+    """A seccomp listener: answers the calls the filter sends it and counts them, in bounded space and
+    time (DISTINCT_MAX, REFUSED_MAX): at the REFUSED_MAX + 1st refused call it stops answering, sets
+    `flooded` and calls `on_flood` (which stops the run)."""
+
+    def __init__(self, fd, learn=False, on_flood=None, distinct_max=None, refused_max=REFUSED_MAX):
         self.fd = fd
         self.learn = learn
-        self.denied = {}  # (arch, nr) -> count
+        self.on_flood = on_flood
+        self.distinct_max = distinct_max or (LEARN_DISTINCT_MAX if learn else DISTINCT_MAX)
+        self.refused_max = refused_max
+        self.denied = {}  # (arch, nr) -> count, at most distinct_max keys
+        self.other = 0  # calls of numbers past the first distinct_max
+        self.total = 0
+        self.flooded = False
         self._lock = threading.Lock()
 
     def handle(self):
         """Answer one pending call (after poll said the fd is readable); False when the filtered
-        processes are gone (nothing more will come)."""
+        processes are gone (nothing more will come) or the run made too many refused calls."""
         buffer = bytearray(NOTIF.size)
         try:
             fcntl.ioctl(self.fd, NOTIF_RECV, buffer, True)
@@ -56,7 +73,19 @@ class Listener:
             return err.errno in (errno.EINTR, errno.ENOENT)  # interrupted, or the caller died meanwhile
         ident, _, _, nr, arch = NOTIF.unpack(bytes(buffer))[:5]
         with self._lock:
-            self.denied[(arch, nr)] = self.denied.get((arch, nr), 0) + 1
+            self.total += 1
+            key = (arch, nr)
+            if key in self.denied or len(self.denied) < self.distinct_max:
+                self.denied[key] = self.denied.get(key, 0) + 1
+            else:
+                self.other += 1
+            flooded = not self.learn and self.total > self.refused_max
+            if flooded:
+                self.flooded = True
+        if flooded:  # unanswered: the caller waits until the run is stopped
+            if self.on_flood is not None:
+                self.on_flood()
+            return False
         reply = NOTIF_RESP.pack(ident, 0, 0, FLAG_CONTINUE) if self.learn else NOTIF_RESP.pack(ident, 0, -errno.EPERM, 0)
         try:
             fcntl.ioctl(self.fd, NOTIF_SEND, bytearray(reply), True)
@@ -65,7 +94,7 @@ class Listener:
         return True
 
     def serve(self, stop):
-        """Answer calls until the filtered processes are gone or `stop` (an Event) is set."""
+        """Answer calls until the filtered processes are gone, the run floods, or `stop` (an Event) is set."""
         poller = select.poll()
         poller.register(self.fd, select.POLLIN)
         while not stop.is_set():
@@ -78,13 +107,20 @@ class Listener:
                     return
 
     def counts(self):
+        """{(arch, nr): count} of the first DISTINCT_MAX numbers, with (-1, -1) for the calls of all others."""
         with self._lock:
-            return dict(self.denied)
+            out = dict(self.denied)
+            if self.other:
+                out[OTHER] = self.other
+            return out
 
     def close(self):
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
+
+
+OTHER = (-1, -1)  # in counts(): the refused calls of numbers past the first DISTINCT_MAX
 
 
 class Channel:

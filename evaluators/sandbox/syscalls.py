@@ -98,13 +98,21 @@ def name(arch: int, nr: int) -> str:
         return f"syscall {nr}"
 
 
-def describe(counts: dict[tuple[int, int], int], kind: str) -> str:
+def describe(counts: dict[tuple[int, int], int], kind: str, flooded: bool = False) -> str:
     """One phrase for the verdict: "system calls outside the sandbox's python profile were denied:
-    keyctl (2x), bpf"; "" when none was."""
+    keyctl (2x), bpf"; "" when none was. `counts` holds at most DISTINCT_MAX numbers (the listener's
+    bound), with (-1, -1) for the calls of all other numbers; `flooded`: the run was stopped for them."""
     if not counts:
         return ""
-    named = sorted(((name(arch, nr), n) for (arch, nr), n in counts.items()), key=lambda item: (-item[1], item[0]))
+    from evaluators.sandbox.supervisor import OTHER, REFUSED_MAX
+
+    other = counts.get(OTHER, 0)
+    named = sorted(((name(arch, nr), n) for (arch, nr), n in counts.items() if (arch, nr) != OTHER), key=lambda item: (-item[1], item[0]))
     listed = ", ".join(f"{call} ({n}x)" if n > 1 else call for call, n in named)
+    if other:
+        listed += f", and {other} calls of other numbers"
+    if flooded:
+        return f"stopped after more than {REFUSED_MAX} system calls outside the sandbox's {kind} profile, each refused (EPERM): {listed}"
     return f"system calls outside the sandbox's {kind} profile were denied (EPERM): {listed}"
 
 
