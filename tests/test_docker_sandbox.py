@@ -247,3 +247,35 @@ def test_many_evaluations_leave_no_container_and_no_process():
     )
     assert containers_after == containers_before
     assert procs_after == 0  # nothing of the closed pool's containers runs on
+
+
+RUNNER_PROBE = textwrap.dedent(
+    """
+    import os
+    def construct(parent):
+        runner, seen = os.getppid(), {}
+        for what, name, mode in (("memory", "mem", "rb"), ("report stream", "fd/1", "wb"), ("environment", "environ", "rb")):
+            try:
+                open(f"/proc/{runner}/{name}", mode).close()
+                seen[what] = "opened"
+            except OSError as err:
+                seen[what] = type(err).__name__
+        return {"runner_uid": os.stat(f"/proc/{runner}/mem").st_uid, "my_uid": os.getuid(), "seen": seen}
+    """
+)
+
+
+def test_a_candidate_cannot_open_its_runners_memory_or_report_stream():
+    """The runner runs as the candidate's uid (under runc, where gVisor's own kernel is not there to
+    refuse): made non-dumpable, its /proc entries belong to root, so the candidate can neither read
+    nor write its memory (to forge its report or skip its sweep) nor write to its report's stream."""
+    box = _docker(concurrency=1)
+    try:
+        result = box.run(RUNNER_PROBE, "construct", None, LIMITS)
+    finally:
+        box.close()
+    assert result.ok, (result.reason, result.logs)
+    out = result.output
+    # non-dumpable: its /proc entries (all but the directory itself, which shows its uid) are root's
+    assert out["my_uid"] != 0 and out["runner_uid"] == 0
+    assert out["seen"] == {"memory": "PermissionError", "report stream": "PermissionError", "environment": "PermissionError"}, out

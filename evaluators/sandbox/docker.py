@@ -34,9 +34,11 @@ and an atexit hook kill the pool; and each container is labelled with its owner
 owner is gone.
 
 What it does not isolate: the kernel is shared (Docker's default seccomp profile, no gVisor or
-VM); the runner runs as the same uid as the candidate, so a candidate can forge the runner's
-report about itself (only its own value, logs and exit status: the value is still re-scored by
-the verifier on the host, which never imports candidate code).
+VM). The runner runs as the same uid as the candidate (only that uid can kill all of the
+candidate's processes, no process in the container having a capability) and makes itself
+non-dumpable before the job (docker_runner.py `not_dumpable`), so the candidate cannot open its
+/proc/PID/mem or fds to read or forge its report; it can still signal it, which only ends its own
+run with no report (an invalid verdict) or in the host's timeout.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from evaluators.sandbox import syscalls
-from evaluators.sandbox.base import DATA_ENV, SandboxLimits, SandboxResult, tmpfs_mb
+from evaluators.sandbox.base import DATA_ENV, InfrastructureError, SandboxLimits, SandboxResult, tmpfs_mb
 from evaluators.sandbox.docker_engine import (  # noqa: F401  (re-exported: tests and callers use them here)
     GVISOR_THREADS,
     LABEL,
@@ -259,6 +261,8 @@ class DockerSandbox:
                     return SandboxResult(ok=False, reason=f"timeout after {limits.timeout_s:g} s (killed by the host)")
                 if report is None:
                     return SandboxResult(ok=False, reason=problem)
+                if report.get("setup_error"):
+                    raise InfrastructureError(f"the sandbox runner could not close itself to the candidate: {report['setup_error']}")
                 healthy = bool(report.get("clean"))
                 if report.get("residue"):
                     log.info("replacing a sandbox container the runner could not clean: %s", ", ".join(map(str, report["residue"])))

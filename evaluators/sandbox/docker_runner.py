@@ -1,7 +1,9 @@
 """The runner of the docker backend, run as `python3 -I -c <this file's text>` by RUN_UID inside
 the container for each candidate (see docker.py). Standard library only; never imported.
 
-It reads the job from stdin (a length line, then JSON), kills every process of its uid and
+It makes itself non-dumpable first (`not_dumpable`: the candidate runs as the same uid and could
+otherwise open /proc/<runner>/mem or its fds and forge the report), reads the job from stdin (a
+length line, then JSON), kills every process of its uid and
 removes what a candidate could leave (`sweep`), writes the job's files into a fresh directory, runs
 harness.py under the job's environment with a wall-clock timeout, kills everything again, sweeps
 again, checks that nothing is left (`residue`), and prints one line: the job's token and a JSON
@@ -185,9 +187,31 @@ def oom_first():
         pass
 
 
+PR_SET_DUMPABLE = 4
+
+
+def not_dumpable():
+    """Close this process to the candidate, which runs as the same uid (it must: only a process of
+    that uid can kill all of the candidate's, and no process in the container has a capability): a
+    non-dumpable process's /proc/PID entries (mem, fd, environ, ...) belong to root and ptrace needs
+    CAP_SYS_PTRACE, so the candidate can neither read nor write this runner's memory nor write to
+    its report's stream. "" when done, else why not (the run is then not started)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        return "prctl(PR_SET_DUMPABLE, 0) failed: %s" % os.strerror(ctypes.get_errno())
+    return ""
+
+
 def main():
+    why = not_dumpable()
     n = int(sys.stdin.buffer.readline())
     job = json.loads(sys.stdin.buffer.read(n))
+    if why:  # fail closed: the host reports the infrastructure's failure, no candidate code ran
+        sys.stdout.write("\n" + job["token"] + " " + json.dumps({"setup_error": why}) + "\n")
+        sys.stdout.flush()
+        return
     cap = job["cap"]
     killall()
     sweep()
