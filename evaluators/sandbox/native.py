@@ -26,7 +26,9 @@ Verdicts of a case (`classify`), from what the runner measured:
 - TLE: CPU time (user + system, wait4's rusage of the program and the children it reaped; and the
   CPU of the case's cgroup, which counts the processes it left unreaped too: the container's
   while the case ran, or under the process backend the case's own cgroup) above `cpu_s`, SIGXCPU,
-  or no exit before the wall-clock backstop `wall_s`;
+  or no exit before the wall-clock backstop `wall_s` (moved later by the time the program waited
+  for a CPU, up to `starved_wall_s`: a program still starved there gets no verdict, the evaluation
+  raises InfrastructureError and is retried: a busy host never turns a valid program into a TLE);
 - MLE: the out-of-memory killer fired in the container or the case's cgroup (the process
   backend's: `memory_mb` + CASE_HEADROOM_MB for the whole tree), the peak resident set (wait4's
   ru_maxrss) is above `memory_mb`, or the program died after an allocation failed (RLIMIT_AS is
@@ -61,11 +63,17 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from evaluators.sandbox import bwrap
+from evaluators.sandbox.base import InfrastructureError
 
 RUNNER = Path(__file__).with_name("native_runner.py")
 # The AtCoder command line of docs/method.md §5b ({src} and {out} are filled in by the runner).
 COMPILE_COMMAND = ("g++", "-std=gnu++20", "-O2", "-DONLINE_JUDGE", "-DATCODER", "-o", "{out}", "{src}")
 BACKSTOP_S = 20.0  # the host gives up on a runner this long after its own limit should have ended a job
+# A case's wall-clock backstop is moved later by the time its program waited for a CPU (a busy
+# host: generation, training and other evaluations share the machine), up to this many times the
+# backstop; a program still short of CPU then makes the evaluation an infrastructure failure
+# (retried), never a TLE: a reward must not depend on the host's load.
+STARVED_WALL_FACTOR = 10.0
 CASE_HEADROOM_MB = 64  # a case's cgroup: its memory limit plus this (page cache of its output)
 COMPILE_TASKS = 64  # tasks of the compiler's tree (g++, cc1plus, as, ld)
 CASE_TMPFS_MB = 512  # each scratch tmpfs of the compiler or a case under the process backend (charged to its cgroup)
@@ -90,6 +98,11 @@ class NativeLimits:
     def wall_s(self) -> float:
         """The wall-clock backstop per case: a little above the CPU limit (sleeping programs)."""
         return 1.5 * self.cpu_s + 1.0
+
+    @property
+    def starved_wall_s(self) -> float:
+        """The latest a case's backstop may be moved to for the time its program waited for a CPU."""
+        return STARVED_WALL_FACTOR * self.wall_s
 
 
 @dataclass(frozen=True)
@@ -178,6 +191,16 @@ def classify(raw: dict[str, Any], limits: NativeLimits) -> CaseRun:
     )
 
 
+def starved_message(raw: dict[str, Any], limits: NativeLimits) -> str:
+    """Why a case got no verdict: its program waited for a CPU for most of its time (one line)."""
+    cpu = max(float(raw.get("cpu_s") or 0.0), float(raw.get("cgroup_cpu_s") or 0.0))
+    return (
+        f"case {raw['index']} could not be judged: the host was too busy (its program waited {float(raw['starved_s']):.1f} s for a CPU "
+        f"and ran {cpu:.2f} s of its {limits.cpu_s:g} s in {float(raw['wall_s']):.1f} s); "
+        "the evaluation is retried as an infrastructure failure (fewer parallel evaluations, or a less loaded machine, avoid it)"
+    )
+
+
 def _exit(sig: int | None, code: int | None) -> str:
     if sig is not None:
         try:
@@ -206,6 +229,7 @@ def run_program(
     base = {
         "cpu_s": limits.cpu_s,
         "wall_s": limits.wall_s,
+        "starved_wall_s": limits.starved_wall_s,
         "memory_mb": limits.memory_mb,
         "output_bytes": limits.output_bytes,
         "compile_timeout_s": limits.compile_timeout_s,
@@ -241,7 +265,7 @@ def run_program(
         pending.put(c)
     done: list[CaseRun] = []
     lock = threading.Lock()
-    state = {"stop": False, "error": ""}
+    state = {"stop": False, "error": "", "starved": ""}
 
     def slot(k: int, session: Session | None) -> None:
         try:
@@ -258,7 +282,14 @@ def run_program(
                     index, text = pending.get_nowait()
                 except queue.Empty:
                     break
-                run = classify(session.case(index, text, timeout=limits.wall_s + BACKSTOP_S), limits)
+                raw = session.case(index, text, timeout=limits.starved_wall_s + BACKSTOP_S)
+                if raw.get("starved_s"):  # the host's load, not the program: no verdict for it
+                    with lock:
+                        state["stop"] = True
+                        state["starved"] = state["starved"] or starved_message(raw, limits)
+                    break
+                run = classify(raw, limits)
+                del raw
                 # At most one output waits for or is in the judge: a slot holds its own until the
                 # judge is free, then goes on with the next case (parallel + 1 outputs at most).
                 handoff.acquire()
@@ -300,6 +331,8 @@ def run_program(
             t.join()
     for future in judged:
         future.result()  # a judge that raised is our bug: let it show
+    if state["starved"]:
+        raise InfrastructureError(state["starved"])
     stopped = state["stop"] and not state["error"]
     error = state["error"] if len(done) < len(cases) and not stopped else ""
     return NativeRun(compiled=True, compile_log=compile_log, compile_s=compile_s, cases=tuple(done), error=error, stopped=stopped)
