@@ -75,7 +75,10 @@ def command(view: View, chdir: str, root: bool | None = None) -> tuple[list[str]
             argv += ["--mqueue", m.target]
         else:
             raise ValueError(f"unknown mount kind {m.kind!r}")
-    argv += ["--chdir", chdir, "--"]
+    # The root bwrap builds the view on is a tmpfs of its own, unbounded and, for a normal user's
+    # bwrap (a user namespace mapping that user), the candidate's to write: read-only once the view
+    # is in place, so a candidate writes only in the view's sized scratch filesystems and binds.
+    argv += ["--remount-ro", "/", "--chdir", chdir, "--"]
     return argv, fds
 
 
