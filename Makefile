@@ -38,9 +38,10 @@ images: setup
 
 # The images the tests run in; a note and no failure when no Docker engine answers. An image whose
 # content hash is unchanged is skipped in seconds; bio's first build downloads its wheels on the
-# host and takes several minutes (docs/sandbox.md, "Docker").
+# host and takes several minutes, gpu's first (5.3 GB: CUDA's PyTorch wheels) about 6 minutes
+# (benchmarks/results/trimul_gpu_image.md): TriMul's Docker path is checked in it on CPU.
 test-images: setup
-	$(VENV)/bin/python images/build.py --if-docker python-math cpp20 bio
+	$(VENV)/bin/python images/build.py --if-docker python-math cpp20 bio gpu
 
 # The sandbox's tools from Debian's packages (docs/sandbox.md): bubblewrap for the process backend;
 # in CI (CI set) also gVisor's runsc, registered with the Docker engine (it edits daemon.json).
