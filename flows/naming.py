@@ -6,17 +6,24 @@ two directories of the same name apart:
 
     flow run of the run         erdos-8b
     flow run of its step 3      erdos-8b-step-3
-    tags                        discover-run:erdos-8b-1a2b3c4d, step:3 (on the step's runs)
+    tags                        discover-run:erdos-8b-1a2b3c4d, discover-dir:5e6f..., step:3 (on the step's runs)
     artifact keys               discover-erdos-8b-1a2b3c4d-steps, ...-rewards, ...-report
     re-evaluation artifact      reevaluation-erdos-8b-1a2b3c4d-gpu-h100
 
 Artifact keys allow lowercase letters, digits and dashes only; every other character becomes a
 dash.
+
+The run's tag is the same for a copy of its directory (`cp -a runs/toy /elsewhere/toy` keeps the
+name and the run id); the directory's tag (`dir_tag`: a hash of the host and the directory's
+resolved path) tells the copy apart. A writer ends earlier flow runs of its run only where they
+carry both (`run_tags`): those of its own directory, whose lease it holds, so their process is gone.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +45,17 @@ def run_name(run_dir: str | Path) -> str:
 def run_tag(run: Run) -> str:
     """The tag on every flow run of the run (the run itself, its steps, their retries)."""
     return f"discover-run:{slug(run_name(run.root))}-{run.run_id[:ID_CHARS]}"
+
+
+def dir_tag(run: Run) -> str:
+    """The tag of the run's directory on this host: a copy of the directory has another."""
+    where = f"{socket.gethostname()}:{Path(run.root).resolve()}"
+    return f"discover-dir:{hashlib.sha256(where.encode()).hexdigest()[:12]}"
+
+
+def run_tags(run: Run) -> list[str]:
+    """The tags a flow run of this run in this directory carries (and is superseded by): run and directory."""
+    return [run_tag(run), dir_tag(run)]
 
 
 def step_run_name(run: Run, step: int) -> str:

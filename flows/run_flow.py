@@ -24,7 +24,7 @@ from discover.run import Run, RunDirError
 from flows import artifacts, tasks
 from flows.engines import evaluation_engine, ray_connection
 from flows.logs import forward_project_logs
-from flows.naming import discovery_run_name, run_tag
+from flows.naming import discovery_run_name, run_tags
 from flows.recovery import end_superseded_runs, guard_restarts
 from flows.step_flow import run_step
 from flows.workers import resident_workers
@@ -108,11 +108,12 @@ def _take_over(run: Run) -> None:
         return
     from prefect.client.orchestration import get_client
 
-    me, tag = ctx.flow_run, run_tag(run)
-    if tag not in me.tags:
+    me, tags = ctx.flow_run, run_tags(run)
+    if not set(tags) <= set(me.tags):
         with get_client(sync_client=True) as client:
-            client.update_flow_run(me.id, tags=[*me.tags, tag])
-    end_superseded_runs(ctx.flow.name, [tag], str(me.id), f"superseded: the run continues in flow run {me.name}")
+            client.update_flow_run(me.id, tags=[*me.tags, *(t for t in tags if t not in me.tags)])
+    # only this directory's earlier flow runs (we hold its lease: their process is gone), never a copy's
+    end_superseded_runs(ctx.flow.name, tags, str(me.id), f"superseded: the run continues in flow run {me.name}")
     guard_restarts(run, str(me.id), me.run_count)
 
 

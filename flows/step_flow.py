@@ -28,7 +28,7 @@ from discover.run import EVALUATE, GENERATE, SELECT_PARENTS, TRAIN, UPDATE_ARCHI
 from flows import tasks
 from flows.evaluation import step_evaluation
 from flows.logs import forward_project_logs
-from flows.naming import run_tag, step_run_name
+from flows.naming import run_tags, step_run_name
 from flows.recovery import end_superseded_runs
 from flows.writer import at_task_boundary
 
@@ -71,7 +71,7 @@ def run_step(run: Run, step: int, task_runner: Any) -> dict[str, Ref]:
     from prefect.flow_engine import run_flow
     from prefect.states import Pending
 
-    tags = [run_tag(run), f"step:{step}"]
+    tags = [*run_tags(run), f"step:{step}"]  # this directory's step runs only (naming.py: a copy has its own)
     end_superseded_runs(discovery_step.name, tags, None, f"its process died; step {step} started again in flow run {parent.flow_run.name}")
     with get_client(sync_client=True) as client:
         tracking = client.create_task_run(

@@ -107,6 +107,32 @@ def test_superseded_runs_and_the_task_runs_they_left_end_in_a_final_state(prefec
         assert client.read_flow_run(me.id).state.type.value == "RUNNING"
 
 
+def test_a_copy_of_a_run_directory_never_ends_the_originals_flow_runs(tmp_path: Path, prefect_api: str) -> None:
+    """`cp -a A/toy B/toy` keeps the run's name and id, so its run tag; a writer of the copy ends only
+    its own directory's earlier flow runs (issue 44: the copy used to cancel the live original)."""
+    import shutil
+
+    from prefect.client.orchestration import get_client
+    from prefect.states import Running
+
+    original = Run.create(parse_config(tiny_toy_config(tmp_path / "A" / "toy", steps=1)))
+    shutil.copytree(original.root, tmp_path / "B" / "toy", symlinks=True)
+    copy = Run.open(tmp_path / "B" / "toy")
+    assert naming.run_tag(copy) == naming.run_tag(original) and naming.run_tags(copy) != naming.run_tags(original)
+    with get_client(sync_client=True) as client:
+        live = _flow_run(client, "discovery-run", naming.run_tags(original), Running())
+        live_step = _flow_run(client, "discovery-step", [*naming.run_tags(original), "step:0"], Running())
+        me = _flow_run(client, "discovery-run", naming.run_tags(copy), Running())
+        assert recovery.end_superseded_runs("discovery-run", naming.run_tags(copy), str(me.id), "superseded") == 0
+        assert recovery.end_superseded_runs("discovery-step", [*naming.run_tags(copy), "step:0"], None, "its process died") == 0
+        assert client.read_flow_run(live.id).state.type.value == "RUNNING"
+        assert client.read_flow_run(live_step.id).state.type.value == "RUNNING"
+        # the original's own directory, resumed after its process died: its earlier runs are ended
+        again = _flow_run(client, "discovery-run", naming.run_tags(original), Running())
+        assert recovery.end_superseded_runs("discovery-run", naming.run_tags(original), str(again.id), "superseded") == 1
+        assert client.read_flow_run(live.id).state.type.value == "CANCELLED"
+
+
 def test_crashed_marks_a_run_whose_worker_died(prefect_api: str) -> None:
     from prefect.client.orchestration import get_client
     from prefect.states import Running
