@@ -104,11 +104,27 @@ def _run_flow(run_dir: str) -> None:
     except (RuntimeError, ValueError) as err:
         fail(f"{err} Set PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS higher, or PREFECT_API_URL to a running Prefect server.")
     try:
-        result = discovery_run(run_dir=run_dir)
+        with _heartbeats():
+            result = discovery_run(run_dir=run_dir)
     except (RunDirError, ValueError, RunBusy, RunCancelled) as err:  # a run that cannot work as asked, another writer, a cancel
         fail(str(err))
     typer.echo(f"best state {result['best_state']}: reward {result['best_reward']:.6f}  (run directory: {run_dir})")
     typer.echo(f"summary: discover status {run_dir}")
+
+
+def _heartbeats():
+    """Prefect's settings for a flow run started here: heartbeats every HEARTBEAT_S, as the discovery
+    pools' runs send them and the silence automation of `discover setup` assumes (Prefect's default,
+    180 s, got a healthy CLI run marked CRASHED after 120 s), unless the environment sets them."""
+    from contextlib import nullcontext
+
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+
+    from flows.recovery import HEARTBEAT_S
+
+    if "PREFECT_FLOWS_HEARTBEAT_FREQUENCY" in os.environ:
+        return nullcontext()
+    return temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: HEARTBEAT_S})
 
 
 @app.command()

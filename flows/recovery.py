@@ -5,7 +5,8 @@ and starts it again, and the new attempt resumes where the old one stopped (docs
 Three parts, all Prefect's own means:
 
 - **Heartbeats.** A flow run's process sends `prefect.flow-run.heartbeat` events every
-  `PREFECT_FLOWS_HEARTBEAT_FREQUENCY` seconds (prefect.yaml sets it for the discovery pools).
+  `PREFECT_FLOWS_HEARTBEAT_FREQUENCY` seconds (prefect.yaml sets it for the discovery pools, the
+  CLI for the runs it starts: cli/app.py `_heartbeats`).
 - **Two automations** on the server (`ensure_automations`, run by `discover setup`):
   `discover-crash-silent-runs` marks a flow run of this project CRASHED when no heartbeat came for
   `SILENCE_S` seconds (`discover setup --silence`) while it was running (its worker or its machine

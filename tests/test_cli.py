@@ -127,3 +127,28 @@ def test_the_cli_module_docstring_names_every_command() -> None:
     assert "judge" in commands and "config-doc" in commands
     missing = [name for name in commands if f"`{name}`" not in (cli.app.__doc__ or "")]
     assert not missing, f"cli/app.py's docstring does not name the commands {missing}"
+
+
+def test_a_run_started_from_the_cli_sends_heartbeats_as_often_as_the_silence_automation_assumes(tmp_path: Path, monkeypatch) -> None:
+    """Prefect's default is one heartbeat per 180 s; `discover setup`'s automation marks a run CRASHED
+    after 120 s without one (issue 44: every CLI run over ~2 minutes was marked so while healthy)."""
+    import cli.prefect_api
+    import flows.run_flow
+    from flows.recovery import HEARTBEAT_S, SILENCE_S
+
+    seen = {}
+
+    def fake_run(run_dir: str) -> dict:
+        from prefect.settings import get_current_settings
+
+        seen["heartbeat_s"] = get_current_settings().flows.heartbeat_frequency
+        return {"best_state": "s0", "best_reward": 0.0}
+
+    monkeypatch.delenv("PREFECT_FLOWS_HEARTBEAT_FREQUENCY", raising=False)
+    monkeypatch.setattr(cli.prefect_api, "ensure_prefect_api", lambda: None)
+    monkeypatch.setattr(flows.run_flow, "discovery_run", fake_run)
+    cli.app._run_flow(str(tmp_path))
+    assert seen["heartbeat_s"] == HEARTBEAT_S and HEARTBEAT_S * 1.5 <= SILENCE_S
+    monkeypatch.setenv("PREFECT_FLOWS_HEARTBEAT_FREQUENCY", "45")  # the user's own setting is left as it is
+    cli.app._run_flow(str(tmp_path))
+    assert seen["heartbeat_s"] != HEARTBEAT_S  # Prefect's own reading of the environment applies
