@@ -136,6 +136,7 @@ def evaluation_engine(run: Run) -> Iterator[TaskRunnerFactory]:
 def _dask(config: RunConfig, resources: Resources) -> Iterator[str]:
     """The scheduler address: the configured one (checked), or a local cluster's for the run."""
     try:
+        import dask
         import distributed
     except ImportError:
         raise ValueError("evaluation.runner 'dask' needs the packages prefect-dask and distributed") from None
@@ -161,14 +162,19 @@ def _dask(config: RunConfig, resources: Resources) -> Iterator[str]:
         )
     threads = config.sandbox.concurrency
     offered = {name: amount * threads for name, amount in wanted.items()}
-    cluster = distributed.LocalCluster(
-        n_workers=config.evaluation.workers,
-        threads_per_worker=threads,
-        processes=True,
-        host="127.0.0.1",  # loopback only: nothing outside this machine reaches the scheduler or its workers
-        dashboard_address=None,  # no dashboard (an open port that shows and can cancel work)
-        resources=offered,
-    )
+    # No dashboard and no HTTP pages at all (an open port that shows, and can cancel, work): Dask's
+    # scheduler serves its info pages and metrics on 8787 even without a dashboard (two runs on a
+    # machine then clash), so its and the workers' routes are emptied and its port is a free one.
+    with dask.config.set({"distributed.scheduler.http.routes": [], "distributed.worker.http.routes": []}):
+        cluster = distributed.LocalCluster(
+            n_workers=config.evaluation.workers,
+            threads_per_worker=threads,
+            processes=True,
+            host="127.0.0.1",  # loopback only: nothing outside this machine reaches the scheduler or its workers
+            dashboard_address=None,
+            scheduler_kwargs={"dashboard_address": "127.0.0.1:0"},
+            resources=offered,
+        )
     with cluster:
         log.info(
             "evaluation on a local Dask cluster at %s: %d workers of %d threads",
