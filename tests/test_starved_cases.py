@@ -1,8 +1,8 @@
 """A busy host does not turn a valid compiled program into a TLE (issue 43). A case's wall-clock
 backstop exists for programs that sleep or block; the time a program spends runnable but waiting
 for a CPU (the kernel's schedstat run_delay) is added to it, up to `NativeLimits.starved_wall_s`,
-and a program still short of CPU there gets no verdict: the evaluation raises InfrastructureError
-(retried by the engine), never a zero reward.
+and a program still short of CPU there gets no verdict: the evaluation raises SessionError, an
+infrastructure failure (retried by the engine), never a zero reward.
 
 The tests make the host busy themselves: HOGS_PER_CPU spinning processes on every CPU of this
 machine, each in a session of its own (so the kernel's autogroup scheduling counts each apart, as
@@ -19,8 +19,8 @@ import pytest
 
 from evaluators.sandbox import ProcessSandbox
 from evaluators.sandbox import native as native_module
-from evaluators.sandbox.base import InfrastructureError
-from evaluators.sandbox.native import NativeLimits
+from evaluators.sandbox.base import infrastructure_failure
+from evaluators.sandbox.native import NativeLimits, SessionError
 
 HOGS_PER_CPU = 8
 # About 0.5 s of CPU, then an answer: with 8 hogs on its CPU it needs several times its 4 s
@@ -74,10 +74,11 @@ def test_a_program_starved_of_cpu_is_judged_on_its_own_time(busy_host) -> None:
     assert case.cpu_s < LIMITS.cpu_s
 
 
-def test_a_program_still_starved_at_the_cap_gets_no_verdict_but_an_infrastructure_error(busy_host, monkeypatch) -> None:
+def test_a_program_still_starved_at_the_cap_gets_no_verdict_but_an_infrastructure_failure(busy_host, monkeypatch) -> None:
     monkeypatch.setattr(native_module, "STARVED_WALL_FACTOR", 1.0)  # no room to move the backstop
-    with pytest.raises(InfrastructureError, match=r"case 0 could not be judged: the host was too busy \(its program waited"):
+    with pytest.raises(SessionError, match=r"case 0 could not be judged: the host was too busy \(its program waited") as raised:
         ProcessSandbox(isolation="standard").run_native(WORKS_HALF_A_SECOND, [(0, "")], LIMITS)
+    assert infrastructure_failure(raised.value)  # retried by the engine, never a verdict
 
 
 def test_a_sleeping_program_still_ends_at_its_backstop() -> None:

@@ -28,7 +28,8 @@ Verdicts of a case (`classify`), from what the runner measured:
   while the case ran, or under the process backend the case's own cgroup) above `cpu_s`, SIGXCPU,
   or no exit before the wall-clock backstop `wall_s` (moved later by the time the program waited
   for a CPU, up to `starved_wall_s`: a program still starved there gets no verdict, the evaluation
-  raises InfrastructureError and is retried: a busy host never turns a valid program into a TLE);
+  raises SessionError, an infrastructure failure, and is retried: a busy host never turns a valid
+  program into a TLE);
 - MLE: the out-of-memory killer fired in the container or the case's cgroup (the process
   backend's: `memory_mb` + CASE_HEADROOM_MB for the whole tree), the peak resident set (wait4's
   ru_maxrss) is above `memory_mb`, or the program died after an allocation failed (RLIMIT_AS is
@@ -63,7 +64,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from evaluators.sandbox import bwrap
-from evaluators.sandbox.base import InfrastructureError
 
 RUNNER = Path(__file__).with_name("native_runner.py")
 # The AtCoder command line of docs/method.md §5b ({src} and {out} are filled in by the runner).
@@ -72,7 +72,7 @@ BACKSTOP_S = 20.0  # the host gives up on a runner this long after its own limit
 # A case's wall-clock backstop is moved later by the time its program waited for a CPU (a busy
 # host: generation, training and other evaluations share the machine), up to this many times the
 # backstop; a program still short of CPU then makes the evaluation an infrastructure failure
-# (retried), never a TLE: a reward must not depend on the host's load.
+# (SessionError, retried), never a TLE: a reward must not depend on the host's load.
 STARVED_WALL_FACTOR = 10.0
 CASE_HEADROOM_MB = 64  # a case's cgroup: its memory limit plus this (page cache of its output)
 COMPILE_TASKS = 64  # tasks of the compiler's tree (g++, cc1plus, as, ld)
@@ -331,8 +331,8 @@ def run_program(
             t.join()
     for future in judged:
         future.result()  # a judge that raised is our bug: let it show
-    if state["starved"]:
-        raise InfrastructureError(state["starved"])
+    if state["starved"]:  # the infrastructure's failure (base.infrastructure_failure): the evaluation is retried
+        raise SessionError(state["starved"])
     stopped = state["stop"] and not state["error"]
     error = state["error"] if len(done) < len(cases) and not stopped else ""
     return NativeRun(compiled=True, compile_log=compile_log, compile_s=compile_s, cases=tuple(done), error=error, stopped=stopped)
