@@ -372,11 +372,20 @@ def part_limit(part: Part, left_s: float, later: list[Part]) -> float:
 INTERRUPT_GRACE_S = 15  # after SIGINT at a part's limit, before SIGKILL
 
 
+def _interruptible() -> None:
+    """In the part's process before it starts: SIGINT back to its default. A command started in the
+    background of a shell (or under an xdist worker) inherits SIGINT ignored, and Python then never
+    raises KeyboardInterrupt: the part would lose what it finished and wait for the kill."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def run_with_limit(argv: list[str], env: dict[str, str], timeout_s: float) -> tuple[int | None, str, int]:
     """(exit status or None when it overran, its output, its pid). At the limit the part's process
     group gets SIGINT, so that pytest still writes the JUnit file of the tests it finished, then SIGKILL."""
     with tempfile.TemporaryFile() as out:
-        proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_interruptible
+        )
         code: int | None
         try:
             code = proc.wait(timeout=timeout_s)
