@@ -24,7 +24,7 @@ from tests.sandbox_backends import either_backend
 
 CASES = "0-3"
 RECTANGLE = 'printf("4\\n20000 20000\\n80000 20000\\n80000 80000\\n20000 80000\\n");'
-MARKER = "discover-ahc-test-marker"
+MARKER = f"discover-ahc-test-marker-{os.getpid()}"  # this test process's: other xdist workers run these programs too
 
 
 def program(body: str, headers: str = "") -> str:
@@ -73,9 +73,29 @@ def _native_containers() -> list:
     return [c for c in sandbox_containers() if c.labels.get("discover.sandbox.kind") == "native" and c.labels.get(OWNER_LABEL) == owner]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _own_session_dirs(tmp_path_factory):
+    """The process backend's session directories (and so its programs' paths) in a folder of this
+    test process: another xdist worker's compiled programs are not this module's survivors."""
+    import tempfile
+
+    before = tempfile.tempdir
+    tempfile.tempdir = str(tmp_path_factory.mktemp("native-sessions"))
+    yield
+    tempfile.tempdir = before
+
+
 def _program_pids() -> list[int]:
-    """Live processes (containers' included) that a program of ours started: its binary, or the
-    marker of the child it leaves behind."""
+    """Live processes (containers' included) that a program of this test process started: its
+    binary (under this process's session folder, or in one of its containers), or the marker of the
+    child it leaves behind."""
+    import tempfile
+
+    mine = tempfile.gettempdir().encode()
+    try:
+        containers = [c.id for c in _native_containers()]
+    except Exception:  # noqa: BLE001  (no Docker engine here: no container either)
+        containers = []
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -83,9 +103,10 @@ def _program_pids() -> list[int]:
         try:
             cmdline = (entry / "cmdline").read_bytes()
             state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            in_ours = b"/tmp/judge-" in cmdline and any(c in (entry / "cgroup").read_text() for c in containers)
         except (OSError, IndexError):
             continue
-        ours = MARKER.encode() in cmdline or (b"/bin/main" in cmdline and (b"/tmp/judge-" in cmdline or b"discover-native-" in cmdline))
+        ours = MARKER.encode() in cmdline or (b"/bin/main" in cmdline and (mine in cmdline or in_ours))
         if ours and state != "Z":
             found.append(int(entry.name))
     return found
