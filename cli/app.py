@@ -104,7 +104,7 @@ def _run_flow(run_dir: str) -> None:
     except (RuntimeError, ValueError) as err:
         fail(f"{err} Set PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS higher, or PREFECT_API_URL to a running Prefect server.")
     try:
-        with _heartbeats():
+        with _run_settings():
             result = discovery_run(run_dir=run_dir)
     except (RunDirError, ValueError, RunBusy, RunCancelled) as err:  # a run that cannot work as asked, another writer, a cancel
         fail(str(err))
@@ -112,19 +112,18 @@ def _run_flow(run_dir: str) -> None:
     typer.echo(f"summary: discover status {run_dir}")
 
 
-def _heartbeats():
-    """Prefect's settings for a flow run started here: heartbeats every HEARTBEAT_S, as the discovery
-    pools' runs send them and the silence automation of `discover setup` assumes (Prefect's default,
-    180 s, got a healthy CLI run marked CRASHED after 120 s), unless the environment sets them."""
-    from contextlib import nullcontext
-
+def _run_settings():
+    """Prefect's settings for a flow run started here, unless the environment sets them: heartbeats
+    every HEARTBEAT_S, as the discovery pools' runs send them and the silence automation of `discover
+    setup` assumes (Prefect's default, 180 s, got a healthy CLI run marked CRASHED after 120 s), and
+    the client's retries that carry a run through a server restart (flows/server_api.py)."""
     from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
     from flows.recovery import HEARTBEAT_S
+    from flows.server_api import run_settings
 
-    if "PREFECT_FLOWS_HEARTBEAT_FREQUENCY" in os.environ:
-        return nullcontext()
-    return temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: HEARTBEAT_S})
+    wanted = {PREFECT_FLOWS_HEARTBEAT_FREQUENCY: HEARTBEAT_S, **run_settings()}
+    return temporary_settings({setting: value for setting, value in wanted.items() if setting.name not in os.environ})
 
 
 @app.command()

@@ -34,6 +34,7 @@ from datetime import timedelta
 from typing import Any
 
 from discover.run import Run
+from flows.server_api import server_client
 from storage.atomic import atomic_write_json
 from storage.manifest import read_manifest
 
@@ -162,7 +163,6 @@ def end_superseded_runs(flow_name: str, tags: list[str], current: str | None, re
     flow run itself was already marked CRASHED (by the automation that watches heartbeats): a whole
     run superseded by another is CANCELLED (so the restart automation leaves it alone), a step's run
     is CRASHED (its process is gone). Returns how many flow runs it ended."""
-    from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import (
         FlowFilter,
         FlowFilterName,
@@ -178,7 +178,7 @@ def end_superseded_runs(flow_name: str, tags: list[str], current: str | None, re
 
     live = [StateType.RUNNING, StateType.PENDING, StateType.SCHEDULED, StateType.PAUSED, StateType.CANCELLING]
     ended = 0
-    with get_client(sync_client=True) as client:
+    with server_client("ending earlier flow runs of the run") as client:
         earlier = client.read_flow_runs(
             flow_filter=FlowFilter(name=FlowFilterName(any_=[flow_name])),
             flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=tags)),

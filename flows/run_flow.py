@@ -26,6 +26,7 @@ from flows.engines import evaluation_engine, ray_connection
 from flows.logs import forward_project_logs
 from flows.naming import discovery_run_name, run_tags
 from flows.recovery import end_superseded_runs, guard_restarts
+from flows.server_api import server_client
 from flows.step_flow import run_step
 from flows.workers import resident_workers
 from flows.writer import writer_lease
@@ -106,11 +107,10 @@ def _take_over(run: Run) -> None:
     ctx = FlowRunContext.get()
     if ctx is None or ctx.flow_run is None:
         return
-    from prefect.client.orchestration import get_client
 
     me, tags = ctx.flow_run, run_tags(run)
     if not set(tags) <= set(me.tags):
-        with get_client(sync_client=True) as client:
+        with server_client("tagging the run's flow run") as client:
             client.update_flow_run(me.id, tags=[*me.tags, *(t for t in tags if t not in me.tags)])
     # only this directory's earlier flow runs (we hold its lease: their process is gone), never a copy's
     end_superseded_runs(ctx.flow.name, tags, str(me.id), f"superseded: the run continues in flow run {me.name}")

@@ -30,6 +30,7 @@ from flows.evaluation import step_evaluation
 from flows.logs import forward_project_logs
 from flows.naming import run_tags, step_run_name
 from flows.recovery import end_superseded_runs
+from flows.server_api import server_client
 from flows.writer import at_task_boundary
 
 log = logging.getLogger("discover")
@@ -67,13 +68,12 @@ def run_step(run: Run, step: int, task_runner: Any) -> dict[str, Ref]:
     parent = FlowRunContext.get()
     if parent is None or parent.flow_run is None:
         return flow_(**parameters)
-    from prefect.client.orchestration import get_client
     from prefect.flow_engine import run_flow
     from prefect.states import Pending
 
     tags = [*run_tags(run), f"step:{step}"]  # this directory's step runs only (naming.py: a copy has its own)
     end_superseded_runs(discovery_step.name, tags, None, f"its process died; step {step} started again in flow run {parent.flow_run.name}")
-    with get_client(sync_client=True) as client:
+    with server_client(f"starting step {step}'s flow run") as client:
         tracking = client.create_task_run(
             task=_STEP_TASK, flow_run_id=parent.flow_run.id, dynamic_key=f"step-{step}", name=step_run_name(run, step), extra_tags=tags
         )

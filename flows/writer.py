@@ -34,6 +34,7 @@ from typing import Any
 from prefect.exceptions import Abort
 
 from discover.run import Run
+from flows.server_api import server_client
 from storage.lease import Lease, RunBusy, acquire, describe, record_writer, this_process
 
 log = logging.getLogger("discover")
@@ -123,12 +124,11 @@ def at_task_boundary(run: Run, what: str) -> None:
     holder = _holder.get()
     if not holder:
         return  # not inside a flow run that holds the lease (a step run on its own, a test)
-    from prefect.client.orchestration import get_client
     from prefect.client.schemas.objects import StateType
     from prefect.context import FlowRunContext
     from prefect.states import Cancelled, Running
 
-    with get_client(sync_client=True) as client:
+    with server_client(f"checking the run's flow run before {what}") as client:
         flow_run = client.read_flow_run(holder)
         state = flow_run.state.type if flow_run.state is not None else None
         if state in (StateType.CANCELLING, StateType.CANCELLED):

@@ -177,15 +177,15 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_prefect_server(home: Path) -> dict:
-    """A real Prefect server on loopback (SQLite in `home`), in a session of its own: its API URL and
-    process group, once it answers."""
-    port = free_port()
+def start_prefect_server(home: Path, port: int | None = None) -> dict:
+    """A real Prefect server on loopback (SQLite in `home`; on `port`, else a free one), in a session
+    of its own: its API URL and process group, once it answers."""
+    port = port or free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_UI_ENABLED="false")
     env.update(PREFECT_SERVER_DATABASE_TIMEOUT=SQLITE_BUSY_TIMEOUT_S)
     prefect = Path(sys.executable).parent / "prefect"
-    with open(home / "server.log", "w") as log:
+    with open(home / "server.log", "a") as log:
         proc = subprocess.Popen(
             [str(prefect), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
             env=env,

@@ -135,6 +135,7 @@ def test_a_run_started_from_the_cli_sends_heartbeats_as_often_as_the_silence_aut
     import cli.prefect_api
     import flows.run_flow
     from flows.recovery import HEARTBEAT_S, SILENCE_S
+    from flows.server_api import CLIENT_RETRIES, OUTAGE_S, retry_budget_s
 
     seen = {}
 
@@ -142,6 +143,7 @@ def test_a_run_started_from_the_cli_sends_heartbeats_as_often_as_the_silence_aut
         from prefect.settings import get_current_settings
 
         seen["heartbeat_s"] = get_current_settings().flows.heartbeat_frequency
+        seen["retries"] = get_current_settings().client.max_retries
         return {"best_state": "s0", "best_reward": 0.0}
 
     monkeypatch.delenv("PREFECT_FLOWS_HEARTBEAT_FREQUENCY", raising=False)
@@ -149,6 +151,7 @@ def test_a_run_started_from_the_cli_sends_heartbeats_as_often_as_the_silence_aut
     monkeypatch.setattr(flows.run_flow, "discovery_run", fake_run)
     cli.app._run_flow(str(tmp_path))
     assert seen["heartbeat_s"] == HEARTBEAT_S and HEARTBEAT_S * 1.5 <= SILENCE_S
+    assert seen["retries"] == CLIENT_RETRIES and retry_budget_s(CLIENT_RETRIES) >= OUTAGE_S  # a server restart is ridden through
     monkeypatch.setenv("PREFECT_FLOWS_HEARTBEAT_FREQUENCY", "45")  # the user's own setting is left as it is
     cli.app._run_flow(str(tmp_path))
     assert seen["heartbeat_s"] != HEARTBEAT_S  # Prefect's own reading of the environment applies

@@ -225,3 +225,17 @@ def test_a_deployment_run_without_parameters_fails_saying_which_to_give(prefect_
     assert state.is_failed() and state.message == NO_PARAMETERS and "--param config_path=" in NO_PARAMETERS
     with get_client(sync_client=True) as client:
         assert client.read_flow_run(state.state_details.flow_run_id).state.message == NO_PARAMETERS
+
+
+def test_every_pool_runs_its_flow_runs_with_the_runs_heartbeats_and_client_retries() -> None:
+    """prefect.yaml's pools carry what a CLI run gets (cli/app.py `_run_settings`): heartbeats as often
+    as the silence automation assumes, and the client retries that ride through a server restart."""
+    from flows.recovery import HEARTBEAT_S
+    from flows.server_api import CLIENT_RETRIES
+
+    pools = yaml.safe_load((REPO / "prefect.yaml").read_text())["definitions"]["work_pools"]
+    assert pools
+    for name, pool in pools.items():
+        env = pool["job_variables"]["env"]
+        assert env.get("PREFECT_FLOWS_HEARTBEAT_FREQUENCY") == str(HEARTBEAT_S), name
+        assert env.get("PREFECT_CLIENT_MAX_RETRIES") == str(CLIENT_RETRIES), name
