@@ -69,9 +69,11 @@ format: setup
 # (tests/test_imports.py runs import-linter's floor contracts; tests/test_gpu_rehearsal.py runs the GPU
 # check's rehearsal, `make gpu-check REHEARSE=1`), on TEST_WORKERS pytest-xdist workers: most of the
 # suite's time is spent waiting on servers, subprocesses and restarts, which workers overlap.
+# Then, when root, the isolation tests again as a normal user (tests/as_normal_user.py).
 TEST_WORKERS ?= 3
 test: setup sandbox-tools test-services test-images lint typecheck
 	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=30
+	$(VENV)/bin/python tests/as_normal_user.py
 
 # Every GPU test and benchmark in one go, one results file: benchmarks/results/gpu-<date>-<gpu>.json
 # and .md (benchmarks/gpu_check.py; docs/gpu-check.md). Without a CUDA device it says "no CUDA

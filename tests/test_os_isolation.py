@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -285,21 +286,35 @@ def test_a_candidate_can_neither_see_nor_signal_the_hosts_processes(sandbox, bac
 
 
 def test_what_a_candidate_leaves_running_dies_with_its_namespace():
-    """A grandchild in a session of its own, still sleeping when the candidate returns."""
+    """A grandchild in a session of its own, still sleeping when the candidate returns: nothing of it
+    is left, found by the name it gives itself (and, as root, by the run's own uid; a normal user's
+    run has the caller's uid, which the caller's own processes share)."""
     from evaluators.sandbox.reaping import uid_pids
 
+    marker = f"discover-left-behind-{os.getpid()}-{time.monotonic_ns()}"
     program = (
         "import os, time\n"
         "def main(_):\n"
         "    if os.fork() == 0:\n"
         "        os.setsid()\n"
         "        if os.fork() == 0:\n"
-        "            time.sleep(1000)\n"
+        f"            os.execv('/bin/sleep', ['{marker}', '1000'])\n"
         "        os._exit(0)\n"
+        "    time.sleep(0.5)  # the grandchild has exec'd by now\n"
         "    return os.getuid()\n"
     )
     uid = _run(ProcessSandbox(), program)
-    assert uid_pids(uid) == [], f"processes of the run's uid {uid} outlived it"
+    named = [p.name for p in Path("/proc").iterdir() if p.name.isdigit() and _cmdline(p).startswith(marker.encode())]
+    assert named == [], f"the candidate's grandchild outlived it: {named}"
+    if os.geteuid() == 0:
+        assert uid_pids(uid) == [], f"processes of the run's uid {uid} outlived it"
+
+
+def _cmdline(proc: Path) -> bytes:
+    try:
+        return (proc / "cmdline").read_bytes()
+    except OSError:
+        return b""
 
 
 # -- scratch filesystems of evaluations running at the same time ------------------------------------

@@ -103,8 +103,25 @@ def problem() -> str:
         return ""
     why = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
     if os.geteuid() != 0:
-        why += (
-            " (as a normal user bwrap needs unprivileged user namespaces: sysctl kernel.unprivileged_userns_clone=1,"
-            " or on Ubuntu 24.04 and later an AppArmor profile that allows them for bwrap)"
-        )
+        why += f" (as a normal user bwrap needs unprivileged user namespaces: {userns_knob()})"
     return f"bubblewrap cannot set up a sandbox here: {why}"
+
+
+def userns_knob(proc_sys: str = "/proc/sys") -> str:
+    """The setting that allows a normal user's user namespaces on this kernel, named as sysctl takes it."""
+    fixes = []
+    for path, name, allowed in (
+        ("kernel/unprivileged_userns_clone", "kernel.unprivileged_userns_clone", "1"),  # Debian's and Ubuntu's older kernels
+        ("user/max_user_namespaces", "user.max_user_namespaces", "15000"),  # every kernel: 0 refuses them
+        ("kernel/apparmor_restrict_unprivileged_userns", "kernel.apparmor_restrict_unprivileged_userns", "0"),  # Ubuntu 24.04+
+    ):
+        try:
+            with open(os.path.join(proc_sys, path)) as f:
+                value = f.read().strip()
+        except OSError:
+            continue  # not on this kernel
+        if (name == "user.max_user_namespaces" and value == "0") or (name != "user.max_user_namespaces" and value != allowed):
+            fixes.append(f"sysctl -w {name}={allowed} (it is {value})")
+    if not fixes:
+        return "they look allowed here (user.max_user_namespaces > 0); a security module (AppArmor, SELinux) or a container may refuse them"
+    return "; ".join(fixes) + (", or an AppArmor profile that allows them for bwrap" if any("apparmor" in f for f in fixes) else "")

@@ -40,7 +40,7 @@ from typing import Any
 
 from evaluators.sandbox import bwrap, syscalls, view
 from evaluators.sandbox.base import DATA_ENV, BackendRefused, InfrastructureError, SandboxLimits, SandboxResult, tmpfs_mb
-from evaluators.sandbox.cgroups import Layout, RunCgroup, available, cpu_quota_missing
+from evaluators.sandbox.cgroups import PARENT_ENV, Layout, RunCgroup, available, cpu_quota_missing
 from evaluators.sandbox.reaping import acquire_run_uid, candidate_sys_path, kill_group, release_run_uid, remove_tree, wait_unreaped
 from evaluators.sandbox.run_outputs import failure_reason, read_logs, read_output
 from evaluators.sandbox.supervisor import Channel, Listener, SetupFailed
@@ -121,7 +121,10 @@ def check_tree_bound(allow_unbounded: bool) -> Layout | None:
 def unbounded_message(why: str) -> str:
     return (
         f"the process sandbox cannot bound a candidate's process tree here ({why}); "
-        "use sandbox.backend: docker or set sandbox.allow_unbounded_process_tree: true"
+        "give it cgroups (as a normal user: run under `systemd-run --user --scope -p Delegate=yes` and set "
+        f'{PARENT_ENV} to that scope\'s cgroup v2 directory; docs/sandbox.md, "A normal user"), '
+        "use sandbox.backend: docker, or accept a tree bounded per process only: sandbox.allow_unbounded_process_tree: true "
+        f"in a run's configuration, {ALLOW_ENV}=1 in the environment of commands that read none (discover evaluate)"
     )
 
 
