@@ -131,20 +131,20 @@ PARTS: tuple[Part, ...] = (
             "--json",
             "{json}",
         ),
-        110,
+        100,
         what="one training step on the benchmark shape (8B unless --shape), float32 "
         "LoRA: tokens/s, MFU, peak memory; trainer offload/reload times",
     ),
     Part(
         "train-bf16",
         ("{python}", "benchmarks/training.py", "--shape", "{shape}", "--lora-dtype", "bfloat16", "--rollouts", "8", "--json", "{json}"),
-        90,
+        80,
         what="the same step with bf16 LoRA parameters",
     ),
     Part(
         "resident",
         ("{python}", "benchmarks/resident_step.py", "--shape", "{shape}", "--json", "{json}"),
-        80,
+        75,
         what="a cold worker's step (imports, model read from disk, first step) against a resident trainer's next step",
     ),
     Part(
@@ -175,7 +175,7 @@ PARTS: tuple[Part, ...] = (
             "--junitxml",
             "{junit}",
         ),
-        150,
+        175,
         env=SANDBOX_ENV,
         what="TriMul: hostile kernels rejected, a torch.compile kernel timed, the slow-empty-call attack against its twin",
     ),
