@@ -371,14 +371,17 @@ def train(run: Run, step: int) -> Ref:
     stats["seconds"] = time.time() - t0
     atomic_write_json(run.layout.train_stats(step), stats)
     beta = f"{stats['beta_mean']:.3g}" if stats["beta_mean"] is not None else "n/a"
-    log.info(
-        "step %d train: loss %s, beta %s, %d groups with signal, sampler/learner log-prob gap %s",
-        step,
-        f"{stats.get('loss', float('nan')):.4g}",
-        beta,
-        stats["groups_with_signal"],
-        f"{stats.get('logprob_gap', float('nan')):.3g}",
-    )
+    if stats["optimizer_step"]:
+        log.info(
+            "step %d train: loss %.4g, beta %s, %d groups with signal, sampler/learner log-prob gap %.3g",
+            step,
+            stats.get("loss", float("nan")),
+            beta,
+            stats["groups_with_signal"],
+            stats.get("logprob_gap", float("nan")),
+        )
+    else:  # no loss was computed: saying "loss nan" would read as a failure
+        log.info("step %d train: nothing to learn (%d groups with signal): the policy is kept as it was", step, stats["groups_with_signal"])
     return run.ref(dst)
 
 
