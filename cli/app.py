@@ -97,19 +97,43 @@ def _run_flow(run_dir: str) -> None:
     from discover.run import RunDirError
     from flows.run_flow import discovery_run
     from flows.writer import RunCancelled
+    from storage.atomic import DiskFull
     from storage.lease import RunBusy
 
     try:
         ensure_prefect_api()  # Prefect's temporary server, unless PREFECT_API_URL names one
     except (RuntimeError, ValueError) as err:
         fail(f"{err} Set PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS higher, or PREFECT_API_URL to a running Prefect server.")
+    one_line = (RunDirError, RunBusy, RunCancelled, DiskFull)
+    quiet = _OneLineFailures(one_line)
+    loggers = [logging.getLogger(name) for name in ("prefect.task_runs", "prefect.flow_runs")]
+    for logger in loggers:
+        logger.addFilter(quiet)
     try:
         with _run_settings():
             result = discovery_run(run_dir=run_dir)
-    except (RunDirError, ValueError, RunBusy, RunCancelled) as err:  # a run that cannot work as asked, another writer, a cancel
+    except (ValueError, *one_line) as err:  # a run that cannot work as asked, another writer, a cancel, a full disk
         fail(str(err))
+    finally:
+        for logger in loggers:
+            logger.removeFilter(quiet)
     typer.echo(f"best state {result['best_state']}: reward {result['best_reward']:.6f}  (run directory: {run_dir})")
     typer.echo(f"summary: discover status {run_dir}")
+
+
+class _OneLineFailures(logging.Filter):
+    """Prefect logs a failed task or flow run with its traceback; for the failures the CLI ends on in
+    one line of its own (a full disk, a run directory that cannot work as asked, another writer, a
+    cancel) the traceback only buries that line: it is dropped, Prefect's message kept."""
+
+    def __init__(self, kinds: tuple[type[BaseException], ...]):
+        super().__init__()
+        self.kinds = kinds
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], self.kinds):
+            record.exc_info, record.exc_text = None, None
+        return True
 
 
 def _run_settings():

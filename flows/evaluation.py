@@ -24,6 +24,7 @@ from prefect.cache_policies import NO_CACHE
 from discover.evaluation import CandidateJob, Resources, StepEvaluation, run_job
 from discover.run import Run, RunDirError
 from flows.engines import resource_request, unplaceable
+from storage.atomic import DiskFull
 
 # The global concurrency limit of the GPUs of this worker's pool (set in the pool's job variables,
 # see prefect.yaml); a candidate that needs a GPU holds one slot while it runs, so the evaluations
@@ -33,7 +34,7 @@ GPU_LIMIT_ENV = "DISCOVER_GPU_LIMIT"
 # Failures of infrastructure are retried; a bad configuration or run directory is not. An exception
 # of a problem's judging never gets here: run_job makes it the candidate's verdict (an evaluator
 # fault, evaluators/sandbox/base.py `infrastructure_failure` draws the line).
-_NO_RETRY = (ValueError, KeyError, TypeError, RunDirError)
+_NO_RETRY = (ValueError, KeyError, TypeError, RunDirError, DiskFull)  # DiskFull: nothing changes until space is freed
 
 
 def retry_infrastructure_only(task: Any, task_run: Any, state: Any) -> bool:

@@ -7,6 +7,7 @@ flushes the folder that holds the name, so the rename itself is on disk when the
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -22,22 +23,73 @@ from typing import Any
 FILE_MODE, DIR_MODE = 0o644, 0o755
 
 
+class DiskFull(OSError):
+    """A run's file could not be written for want of space (ENOSPC, or EDQUOT: a quota): the message
+    is one line naming the directory, what was being written, the free space and the fix. Not an
+    infrastructure failure to retry at once: nothing changes until space is freed."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+def _full(err: BaseException) -> bool:
+    return isinstance(err, OSError) and (err.errno in (errno.ENOSPC, errno.EDQUOT) or "No space left on device" in str(err))
+
+
+def free_bytes(path: Path) -> int | None:
+    """Bytes free to us on the file system holding `path` (its nearest existing folder)."""
+    path = Path(path)
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def disk_full(err: BaseException, path: Path) -> DiskFull:
+    """The one-line DiskFull for `err`, raised while writing `path`."""
+    path = Path(path)
+    free = free_bytes(path.parent)
+    room = "unknown" if free is None else f"{free / 2**20:.1f} MiB"
+    return DiskFull(
+        errno.ENOSPC,
+        f"no space left in {path.parent} while writing {path.name} ({room} free there); free some space "
+        "(or move the run directory), then resume the run: `discover resume RUN_DIR`",
+    )
+
+
+@contextmanager
+def _space_checked(path: Path) -> Iterator[None]:
+    """Turn running out of space while writing `path` into DiskFull (module docstring)."""
+    try:
+        yield
+    except DiskFull:
+        raise
+    except OSError as err:
+        if _full(err):
+            raise disk_full(err, path) from None
+        raise
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write to a temporary name in the same folder, fsync, then rename over `path`."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.fchmod(fd, FILE_MODE)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        fsync_dir(path.parent)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with _space_checked(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            os.fchmod(fd, FILE_MODE)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+            fsync_dir(path.parent)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -52,23 +104,31 @@ def atomic_write_json(path: Path, obj: Any) -> None:
 def atomic_path(path: Path) -> Iterator[Path]:
     """Yield a temporary path beside `path` for a writer that wants a filename; rename on success."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.fchmod(fd, FILE_MODE)
-    os.close(fd)
-    try:
-        yield Path(tmp)
-        fsync_tree(Path(tmp))
-        os.replace(tmp, path)
-        fsync_dir(path.parent)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
+    with _space_checked(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.fchmod(fd, FILE_MODE)
+        os.close(fd)
+        try:
+            yield Path(tmp)
+            fsync_tree(Path(tmp))
+            os.replace(tmp, path)
+            fsync_dir(path.parent)
+        finally:
+            Path(tmp).unlink(missing_ok=True)
 
 
 @contextmanager
 def atomic_dir(path: Path) -> Iterator[Path]:
     """Yield a temporary folder beside `path`; on success it replaces `path` whole."""
     path = Path(path)
+    with _space_checked(path):
+        with _atomic_dir(path) as tmp:
+            yield tmp
+
+
+@contextmanager
+def _atomic_dir(path: Path) -> Iterator[Path]:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     tmp.chmod(DIR_MODE)
