@@ -84,10 +84,13 @@ def _open_run(run_dir: Path) -> Run:
     """The run in `run_dir`, or a one-line error saying what is wrong with the directory."""
     from discover.config import ConfigError
     from discover.run import Run, RunDirError
+    from storage.manifest import ManifestError, read_manifest
 
     try:
-        return Run.open(run_dir)
-    except (RunDirError, ConfigError) as err:
+        run = Run.open(run_dir)
+        read_manifest(run.layout.manifest)  # a damaged record of finished tasks: said here, in one line
+        return run
+    except (RunDirError, ConfigError, ManifestError) as err:
         fail(str(err))
 
 

@@ -21,10 +21,24 @@ from storage.atomic import atomic_write_json
 _lock = threading.Lock()
 
 
+class ManifestError(ValueError):
+    """The manifest cannot be read (damaged outside the project: its writes are atomic); one line."""
+
+
 def read_manifest(path: Path) -> dict[str, Any]:
     if not Path(path).is_file():
         return {"tasks": {}, "executions": []}
-    return json.loads(Path(path).read_text())
+    try:
+        manifest = json.loads(Path(path).read_bytes().decode("utf-8"))
+        if not isinstance(manifest, dict) or not isinstance(manifest.get("tasks"), dict):
+            raise ValueError("it holds no table of tasks")
+        return manifest
+    except ValueError as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise ManifestError(
+            f"{path} is damaged ({err}): it is the run's record of its finished tasks, so the run cannot go on from it; "
+            "put back a copy (a backup, or the same file of a copy of the run directory), "
+            "or start the run again in a new directory"
+        ) from None
 
 
 def record_task(path: Path, step: int, task: str, ref: dict[str, str], started: float, finished: float, executed: bool = True) -> None:

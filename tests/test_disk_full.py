@@ -73,3 +73,24 @@ def test_a_run_on_a_full_file_system_stops_with_one_line_and_resumes_once_space_
         assert _final_archive(run_dir) == _final_archive(ref_dir)
     finally:
         subprocess.run(["umount", "-l", str(small)], check=False)
+
+
+def test_a_damaged_manifest_is_one_line_in_status_and_resume(tmp_path: Path) -> None:
+    """A truncated manifest.json (damage from outside: the project's writes are atomic) is named in
+    one line by `discover status` and `discover resume`, with what to do, never a traceback."""
+    from typer.testing import CliRunner
+
+    from cli.app import app
+    from discover import steps
+    from discover.config import parse_config
+
+    run = steps.create_run(parse_config(tiny_toy_config(tmp_path / "run", steps=1)))
+    manifest = run.layout.manifest
+    atomic_write_json(manifest, {"tasks": {"0/select_parents": {"step": 0}}, "executions": []})
+    manifest.write_text(manifest.read_text()[:25])  # cut mid-record
+    for args in (["status", str(run.root)], ["resume", str(run.root)]):
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code != 0, result.output
+        lines = result.output.strip().splitlines()
+        assert len(lines) == 1 and f"{manifest} is damaged" in lines[0] and "put back a copy" in lines[0], result.output
+        assert "Traceback" not in result.output
