@@ -87,7 +87,7 @@ def unplaceable(runner: str, resources: Resources) -> Callable[[], str | None]:
         return (
             f"the Ray cluster cannot start one: a candidate asks { ({k: _amount(k, v) for k, v in wanted.items()}) }, the "
             f"cluster has {shown} free, its {len(nodes)} live nodes {totals} in all (the run's replicas and ranks hold "
-            "theirs); add a node (`ray start --address HEAD:6379 --num-cpus N`) or lower the problem's limits"
+            f"theirs); add a node (`ray start --address {_head_address(ray)} --num-cpus N`) or lower the problem's limits"
         )
 
     return check
@@ -341,6 +341,14 @@ def _end_new_descendants(before: set[tuple[int, float]], grace_s: float = 10.0) 
     return len(new)
 
 
+def _head_address(ray: Any) -> str:
+    """The address a node joins the connected Ray cluster at (its GCS: host:port), for messages."""
+    try:
+        return str(ray.get_runtime_context().gcs_address)
+    except Exception:  # noqa: BLE001  (not connected: the documented placeholder)
+        return "HEAD:6379"
+
+
 def _connected(ray: Any, address: str | None, resources: Resources | None) -> Iterator[bool]:
     """The checks of a new connection (one node offers what a candidate evaluated on Ray needs), then the run."""
     nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
@@ -349,7 +357,7 @@ def _connected(ray: Any, address: str | None, resources: Resources | None) -> It
         if not any(_fits(n, {k: v for k, v in wanted.items() if v}) for n in nodes):
             raise ValueError(
                 f"no node of the Ray cluster at {address or 'local'} offers what one candidate needs ({wanted}); "
-                "add nodes with `ray start --address HEAD:6379 --num-gpus N` (docs/operations.md, Evaluation on a cluster)"
+                f"add nodes with `ray start --address {_head_address(ray)} --num-gpus N` (docs/operations.md, Evaluation on a cluster)"
             )
     log.info("Ray (%s): %d nodes", address or "local instance", len(nodes))
     yield True

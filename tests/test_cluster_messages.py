@@ -57,13 +57,25 @@ def test_local_threads_can_always_start_a_candidate() -> None:
 
 @pytest.mark.slow
 def test_the_ray_check_names_what_a_candidate_asks_and_what_the_cluster_has() -> None:
+    import ray
+
     from tests.test_sharded_training import local_ray
 
     with local_ray(2):
         assert unplaceable("ray", Resources(cpus=1, memory_mb=16, gpus=0))() is None
         why = unplaceable("ray", Resources(cpus=3, memory_mb=16, gpus=0))()
+        head = ray.get_runtime_context().gcs_address
     assert why is not None and "a candidate asks {'CPU': '3', 'memory': '0.0 GiB'}" in why
-    assert "free, its 1 live nodes [{'CPU': '2'" in why and "ray start --address" in why
+    assert "free, its 1 live nodes [{'CPU': '2'" in why and f"ray start --address {head} " in why  # the real head, not HEAD:6379
+
+
+def test_a_lost_ranks_cause_is_rays_first_meaningful_line_whole() -> None:
+    from discover.policy.trainer_group import _first_line
+
+    long = "The actor died unexpectedly before finishing this task. " + "class_name: TrainerRank " * 40
+    cause = RuntimeError(f'Traceback (most recent call last):\n  File "x.py", line 1, in f\n    g()\n{long}\n\tactor_id: 1a2b\n')
+    assert _first_line(cause) == long.strip()  # whole, not cut at 500 characters, and not the last line
+    assert _first_line(RuntimeError("")) == "RuntimeError"
 
 
 def test_a_head_that_stops_answering_is_reported_with_the_resume_command(caplog: pytest.LogCaptureFixture) -> None:

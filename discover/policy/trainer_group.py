@@ -541,9 +541,22 @@ def _named(ray: Any, name: str, namespace: str) -> bool:
         return False
 
 
+_TRACEBACK_LINES = ("Traceback", "File ", "During handling", "The above exception", "^", "~")
+
+
 def _first_line(err: BaseException) -> str:
-    lines = [line for line in str(err).splitlines() if line.strip()]
-    return lines[-1][:500] if lines else type(err).__name__
+    """The first line of Ray's cause that says what happened ("The actor died unexpectedly ...":
+    whole, never cut mid-word), skipping a traceback's frames; the error's type when none."""
+    after_frame = False
+    for line in str(err).splitlines():
+        text = line.strip()
+        if after_frame and line.startswith((" ", "\t")):  # a frame's source line
+            after_frame = False
+            continue
+        after_frame = text.startswith("File ")
+        if text and not text.startswith(_TRACEBACK_LINES):
+            return text
+    return type(err).__name__
 
 
 # ------------------------------------------------------------------------------------------------
