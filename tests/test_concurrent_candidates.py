@@ -30,6 +30,7 @@ pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="no C++ comp
 
 LIMITS = NativeLimits(cpu_s=40.0, memory_mb=256, parallel=1, deadline_s=300.0)
 WAIT = 5000  # polls of 10 ms: how long the first program waits to be told to finish, a bound for a busy machine
+WAIT_PY = 25000  # the same for a Python candidate, whose neighbour (a second Python run) took over 50 s beside two CPU hogs
 
 # The first evaluation: stays alive until the test writes /tmp/go into its own scratch filesystem.
 WAITS_CPP = """#include <cstdio>
@@ -155,7 +156,7 @@ def test_a_python_candidate_cannot_reach_the_files_of_another_evaluation_running
     from evaluators.sandbox.base import SandboxLimits
 
     box = _root_with_cgroups()
-    limits = SandboxLimits(timeout_s=120, memory_mb=512, cpus=1)
+    limits = SandboxLimits(timeout_s=400, memory_mb=512, cpus=1)  # above WAIT_PY's 250 s: never told is an answer, not a timeout
     before = set(glob.glob(os.path.join(tempfile.gettempdir(), "discover-sandbox-*")))
 
     def find():
@@ -166,7 +167,7 @@ def test_a_python_candidate_cannot_reach_the_files_of_another_evaluation_running
         return None
 
     first, second, paths = _alongside(
-        lambda: box.run(WAITS_PY % {"wait": WAIT}, "main", None, limits), find, lambda paths: box.run(TRIES_PY, "main", paths, limits)
+        lambda: box.run(WAITS_PY % {"wait": WAIT_PY}, "main", None, limits), find, lambda paths: box.run(TRIES_PY, "main", paths, limits)
     )
     assert first.ok and first.output == "told", (first.reason, first.logs)
     assert second.ok, (second.reason, second.logs)

@@ -76,12 +76,13 @@ def test_a_cli_run_rides_through_a_prefect_server_restart(tmp_path: Path, tiny_m
         assert reached.wait(600), "".join(lines)[-3000:]
         os.killpg(server["pgid"], signal.SIGKILL)  # the server and its database connections, at once
         time.sleep(OUTAGE_S_HERE)
+        assert proc.poll() is None, "the run ended while the server was away: " + "".join(lines)[-3000:]
         server = start_prefect_server(home, port)  # the same database, the same address
         rc = proc.wait(timeout=900)
         reader.join(timeout=30)
         out = "".join(lines)
         assert rc == 0, out[-4000:]
-        assert "the Prefect server answers again after" in out, out[-4000:]  # it waited for the server, and said so
+        # (who waited, Prefect's retrying client or the run's own wait that says so, depends on which call met the outage)
     finally:
         if proc.poll() is None if "proc" in locals() else False:
             os.killpg(proc.pid, signal.SIGKILL)
