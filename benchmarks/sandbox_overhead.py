@@ -10,9 +10,10 @@ The same three workloads under each backend:
 Backends (columns):
 - "bare": the process backend with `sandbox.isolation: none` (the harness, rlimits and the cgroup,
   no sandbox): what every other column adds to;
-- "before": the process backend of revision REV (default: the last one before bubblewrap, with its
-  own namespaces, read-only host, Landlock and seccomp deny-list), run from a git worktree of this repository in a
-  process of its own;
+- "before": the process backend of revision REV (default BASELINE: the last one whose compiled
+  programs started under the Python launcher; a92d372 is the last before bubblewrap, with its own
+  namespaces, read-only host, Landlock and seccomp deny-list), run from a git worktree of this
+  repository in a process of its own;
 - "bwrap": today's process backend (bubblewrap, the minimal view, the seccomp allow-list and its
   listener);
 - "docker": a warm Docker container of the python-math or cpp20 image (runc, the allow-list as its
@@ -38,7 +39,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-BASELINE = "a92d372"  # the last revision before the process backend moved to bubblewrap (issue 36)
+BASELINE = "91e2310"  # the last revision with compiled programs under the Python launcher (issue 43); a92d372: before bubblewrap (issue 36)
 PROGRAMS = {
     "trivial": "def construct(parent):\n    return [0.5] * 50\n",
     "one-second": (

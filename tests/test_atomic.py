@@ -76,6 +76,7 @@ NOT_THROUGH_ATOMIC = {
     "benchmarks/gpu_check.py": "runs on a lent GPU machine from the standard library alone",
     "benchmarks/rehearsal_site/sitecustomize.py": "runs at every rehearsed process's start, before the project is importable",
     "images/build.py": "a build cache's tarball, outside any run",
+    "evaluators/sandbox/compiled_launcher.py": "the C launcher, built by the compiler beside its cache entry and renamed, outside any run",
 }
 
 

@@ -236,8 +236,34 @@ def test_a_python_candidate_sees_the_interpreter_and_its_problems_packages_only(
     assert out["importable"] == {"numpy": True, "scipy": True, "torch": False, "pip": False, "evaluators": False, "prefect": False}, out
     assert out["home"] == [], out
     assert set(out["root"]) <= {"bin", "dev", "etc", "lib", "lib64", "proc", "sandbox", "sys", "tmp", "usr", "var"} | {
-        Path(p).parts[1] for p in (sys.base_prefix, sys.prefix)
+        Path(sys.base_prefix).parts[1]
     }, out
+
+
+WHERE = """
+import os, sys, numpy, scipy
+
+def main(host_paths):
+    return {
+        "sys_path": sys.path,
+        "packages": [numpy.__file__, scipy.__file__],
+        "visible": [p for p in host_paths if os.path.exists(p)],
+        "numpy_works": float(numpy.linalg.norm(numpy.ones(4))),
+    }
+"""
+
+
+def test_a_python_candidate_is_not_told_where_the_checkout_or_its_environment_lives():
+    """The packages show at /sandbox/site-packages, not at the host's path: this checkout's `.venv`
+    (or any environment in a home directory) would name where the project and its user live."""
+    import numpy
+
+    host = [str(REPO), sys.prefix, os.path.dirname(os.path.dirname(numpy.__file__))]
+    out = _run(ProcessSandbox(), WHERE, host)
+    assert out["visible"] == [], out
+    assert out["numpy_works"] == 2.0
+    assert all(p.startswith("/sandbox/site-packages/") for p in out["packages"]), out
+    assert not [p for p in out["sys_path"] if any(p.startswith(h) for h in host)], out
 
 
 HIDDEN_DATASET = """

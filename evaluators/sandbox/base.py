@@ -18,6 +18,16 @@ class InfrastructureError(RuntimeError):
     fails loudly when it persists; it is never a candidate's verdict."""
 
 
+def starved(waited_s: float, ran_s: float, limit_s: float) -> InfrastructureError:
+    """A Python candidate stopped at its time limit while its processes still waited for a CPU
+    (a busy host): no verdict for it, an infrastructure failure that the engine retries."""
+    return InfrastructureError(
+        f"the candidate could not be judged: the host was too busy (its processes waited {waited_s:.1f} s for a CPU in "
+        f"{ran_s:.1f} s of its {limit_s:g} s limit); the evaluation is retried as an infrastructure failure "
+        "(fewer parallel evaluations, or a less loaded machine, avoid it)"
+    )
+
+
 class BackendRefused(ValueError):
     """A problem refuses to run candidates in this sandbox backend (it cannot keep the problem's
     secrets there); the message is one line naming the fix. Not the candidate's fault, nor the

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import atexit
 import base64
+import inspect
 import json
 import logging
 import secrets
@@ -56,7 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from evaluators.sandbox import syscalls
-from evaluators.sandbox.base import DATA_ENV, InfrastructureError, SandboxLimits, SandboxResult, tmpfs_mb
+from evaluators.sandbox.base import DATA_ENV, InfrastructureError, SandboxLimits, SandboxResult, starved, tmpfs_mb
 from evaluators.sandbox.docker_engine import (  # noqa: F401  (re-exported: tests and callers use them here)
     GVISOR_THREADS,
     LABEL,
@@ -74,6 +75,8 @@ from evaluators.sandbox.docker_engine import (  # noqa: F401  (re-exported: test
     recv_frame,
     sandbox_containers,
 )
+from evaluators.sandbox.native import STARVED_WALL_FACTOR
+from evaluators.sandbox.native_runner import CGROUP_CPU, cgroup_cpu_s, starved_deadline, tree_usage
 from evaluators.sandbox.process import HARNESS, LAUNCHER, _thread_env, rlimits
 from evaluators.sandbox.run_outputs import compose_logs, failure_reason, parse_output
 
@@ -85,7 +88,17 @@ HEADROOM_MB = 128  # container memory on top of the candidate's limit (runner, k
 BACKSTOP_S = 15.0  # the host kills the container this long after the timeout
 
 
-RUNNER = Path(__file__).with_name("docker_runner.py").read_text(encoding="utf-8")  # see its docstring
+# see docker_runner.py's docstring; it measures a starved candidate as the native runner does (the same
+# functions, their source sent ahead of the runner's: the runner is standard library only, never imported)
+RUNNER = "\n\n".join(
+    [
+        "CGROUP_CPU = %r" % (CGROUP_CPU,),
+        inspect.getsource(cgroup_cpu_s),
+        inspect.getsource(tree_usage),
+        inspect.getsource(starved_deadline),
+        Path(__file__).with_name("docker_runner.py").read_text(encoding="utf-8"),
+    ]
+)
 
 
 @dataclass
@@ -226,6 +239,8 @@ class DockerSandbox:
             "token": token,
             "cap": cap,
             "timeout": float(limits.timeout_s),
+            "starved_cap": STARVED_WALL_FACTOR * float(limits.timeout_s),  # the limit moved later for a starved candidate, up to this
+            "cpus": min(max(1.0, float(limits.cpus)), float(self._engine_cpus)),  # its CPU quota (nano_cpus): a starved candidate had less
             "env": {
                 "PATH": "/usr/local/bin:/usr/bin:/bin",
                 "HOME": "/tmp/run-" + token,
@@ -280,6 +295,8 @@ class DockerSandbox:
             bool(report["stderr_cut"]),
             cap,
         )
+        if report["timed_out"] and report.get("starved_s"):  # the host's load, not the program: no verdict for it
+            raise starved(float(report["starved_s"]), float(report["elapsed"]), limits.timeout_s)
         if report["timed_out"]:
             return SandboxResult(ok=False, reason=f"timeout after {limits.timeout_s:g} s", logs=logs)
         rc = int(report["rc"])
@@ -312,7 +329,7 @@ class DockerSandbox:
             c.runs = self.max_runs  # do not reuse
             return None, "broken"
         raw = getattr(sock, "_sock", sock)
-        deadline = time.monotonic() + limits.timeout_s + BACKSTOP_S
+        deadline = time.monotonic() + STARVED_WALL_FACTOR * limits.timeout_s + BACKSTOP_S
         limit = 8 * int(limits.max_output_bytes) + (1 << 20)  # base64 of output + two log tails
         try:
             raw.settimeout(max(1.0, deadline - time.monotonic()))

@@ -101,9 +101,18 @@ def reap_orphans(client=None) -> int:
 
 
 def sandbox_containers(client=None) -> list:
-    """Every container of this backend on the engine, whoever owns it."""
+    """Every container of this backend on the engine, whoever owns it; one removed while they are
+    read (another sandbox closing its own) is left out, not an error."""
+    import docker
+
     client = client or _client()
-    return client.containers.list(all=True, filters={"label": LABEL})
+    found = []
+    for summary in client.api.containers(all=True, filters={"label": LABEL}):
+        try:
+            found.append(client.containers.get(summary["Id"]))
+        except docker.errors.NotFound:
+            pass
+    return found
 
 
 def locked_down_host_config(api, memory_mb: int, kinds: tuple[str, ...], gvisor: bool = False, **settings):

@@ -5,7 +5,8 @@ It makes itself non-dumpable first (`not_dumpable`: the candidate runs as the sa
 otherwise open /proc/<runner>/mem or its fds and forge the report), reads the job from stdin (a
 length line, then JSON), kills every process of its uid and
 removes what a candidate could leave (`sweep`), writes the job's files into a fresh directory, runs
-harness.py under the job's environment with a wall-clock timeout, kills everything again, sweeps
+harness.py under the job's environment with a wall-clock timeout (moved later by the time the
+candidate waited for a CPU: `wait_unstarved`), kills everything again, sweeps
 again, checks that nothing is left (`residue`), and prints one line: the job's token and a JSON
 report (exit status, the return value's bytes, the tails of the logs, whether the container is
 clean). A container whose report is not clean is replaced, never reused.
@@ -204,6 +205,26 @@ def not_dumpable():
     return ""
 
 
+def wait_unstarved(proc, timeout_s, cap_s, cpus):
+    """(exit status or None at the time limit, seconds starved): the limit counts the time the
+    candidate could run; the time its processes waited for a CPU while the container got less than
+    its `cpus` moves it later, up to `cap_s` after the start (`starved_deadline` of native_runner.py,
+    sent ahead of this file by the host, the container's CPU counted by its cgroup; nothing moves
+    where the kernel does not say, as under gVisor). Starved > 0: stopped while still short of CPU,
+    the host's load."""
+    start = time.monotonic()
+    cpu0 = cgroup_cpu_s()  # noqa: F821 - sent ahead (docker.py RUNNER)
+    counted = None if cpu0 is None else (lambda: (cgroup_cpu_s() or cpu0) - cpu0)  # noqa: F821
+    deadline = start + timeout_s
+    while deadline is not None:
+        try:
+            return proc.wait(timeout=max(0.0, deadline - time.monotonic())), 0.0
+        except subprocess.TimeoutExpired:
+            pass
+        deadline, starved_s = starved_deadline(proc.pid, start, timeout_s, cap_s, deadline, cpus, counted)  # noqa: F821 - sent ahead
+    return None, starved_s
+
+
 def main():
     why = not_dumpable()
     n = int(sys.stdin.buffer.readline())
@@ -235,11 +256,8 @@ def main():
     )
     out.close()
     err.close()
-    timed_out = False
-    try:
-        rc = proc.wait(timeout=job["timeout"])
-    except subprocess.TimeoutExpired:
-        timed_out = True
+    rc, starved_s = wait_unstarved(proc, job["timeout"], job.get("starved_cap", job["timeout"]), job.get("cpus", 1.0))
+    timed_out = rc is None
     clean = killall()
     if timed_out:
         rc = proc.wait()
@@ -267,6 +285,7 @@ def main():
     report = {
         "rc": rc,
         "timed_out": timed_out,
+        "starved_s": starved_s,
         "elapsed": time.monotonic() - start,
         "clean": clean and not left,
         "residue": left[:20],

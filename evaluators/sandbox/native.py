@@ -69,10 +69,10 @@ RUNNER = Path(__file__).with_name("native_runner.py")
 # The AtCoder command line of docs/method.md §5b ({src} and {out} are filled in by the runner).
 COMPILE_COMMAND = ("g++", "-std=gnu++20", "-O2", "-DONLINE_JUDGE", "-DATCODER", "-o", "{out}", "{src}")
 BACKSTOP_S = 20.0  # the host gives up on a runner this long after its own limit should have ended a job
-# A case's wall-clock backstop is moved later by the time its program waited for a CPU (a busy
-# host: generation, training and other evaluations share the machine), up to this many times the
-# backstop; a program still short of CPU then makes the evaluation an infrastructure failure
-# (SessionError, retried), never a TLE: a reward must not depend on the host's load.
+# A program's wall-clock limit is moved later by the time it waited for a CPU (a busy host: generation,
+# training and other evaluations share the machine), up to this many times the limit; a program still
+# short of CPU then gets no verdict: the evaluation is an infrastructure failure (retried), never a
+# timeout that zeroes the reward, since a reward must not depend on the host's load.
 STARVED_WALL_FACTOR = 10.0
 CASE_HEADROOM_MB = 64  # a case's cgroup: its memory limit plus this (page cache of its output)
 COMPILE_TASKS = 64  # tasks of the compiler's tree (g++, cc1plus, as, ld)
@@ -451,26 +451,29 @@ class LocalSession:
     def _sandbox(self, workdir: str, isolation: str) -> tuple[dict[str, Any], list[int]]:
         """The runner's `sandbox` setup (native_runner.Child): bubblewrap's command line for the
         compiler and for a case, their files' descriptors, the launcher and the filters."""
-        from evaluators.sandbox import bwrap, syscalls, view
+        from evaluators.sandbox import bwrap, compiled_launcher, syscalls, view
 
         if isolation != "standard":
             raise SessionError(f"compiled programs run under sandbox.isolation 'standard' or 'none', not {isolation!r}")
         uid = self.uid if self.uid is not None else os.getuid()
         gid = self.uid if self.uid is not None else os.getgid()
+        # the C launcher (confine.c) where it could be built, else confine.py under the interpreter
+        built = compiled_launcher.binary()
+        bin_dir, case_dir = os.path.join(workdir, "bin"), os.path.join(workdir, "case")
         views = {
-            "compiler": view.compiler_view(os.path.join(workdir, "build"), uid, gid, CASE_TMPFS_MB),
-            "program": view.program_view(os.path.join(workdir, "bin"), os.path.join(workdir, "case"), uid, gid, CASE_TMPFS_MB),
+            "compiler": view.compiler_view(os.path.join(workdir, "build"), uid, gid, CASE_TMPFS_MB, interpreter=not built),
+            "program": view.program_view(bin_dir, case_dir, uid, gid, CASE_TMPFS_MB, interpreter=not built),
         }
-        launcher = f"{view.BOX}/confine.py"
+        launcher = f"{view.BOX}/confine" if built else f"{view.BOX}/confine.py"
         prefix, fds = {}, {}
         for kind, v in views.items():
-            v.bind(str(Path(__file__).with_name("confine.py")), launcher)
+            v.bind(built or str(Path(__file__).with_name("confine.py")), launcher)
             prefix[kind], fds[kind] = bwrap.command(v, "/")
         mode = "learn" if self.learn else "notify"
         setup = {
             "prefix": prefix,
             "fds": fds,
-            "python": os.path.realpath(sys.executable),
+            "python": None if built else os.path.realpath(sys.executable),
             "launcher": launcher,
             "seccomp": {kind: base64.b64encode(syscalls.bpf(kind, mode)).decode() for kind in views},
             "listener": True,

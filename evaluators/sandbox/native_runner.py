@@ -73,9 +73,10 @@ def reply(token, payload):
 # -- measuring -----------------------------------------------------------------------------------
 
 
-def cgroup_cpu_s():
-    """CPU seconds used by this container's cgroup so far, or None outside one."""
-    for path in CGROUP_CPU:
+def cgroup_cpu_s(paths=CGROUP_CPU):
+    """CPU seconds used by this container's cgroup so far (or by the cgroup of `paths`: its cpu.stat
+    or cpuacct.usage files), or None outside one."""
+    for path in paths:
         try:
             with open(path) as f:
                 text = f.read()
@@ -87,6 +88,18 @@ def cgroup_cpu_s():
                     return int(line.split()[1]) / 1e6
             continue
         return int(text.strip()) / 1e9
+    return None
+
+
+def case_cpu_counter(cgroup_procs, container_cpu0):
+    """A function giving the CPU seconds a case has used so far, by its cgroup: the process
+    backend's per-case group (the directories of `cgroup_procs`), else the container's counted
+    from `container_cpu0`; None where there is neither."""
+    paths = [os.path.join(os.path.dirname(p), name) for p in cgroup_procs for name in ("cpu.stat", "cpuacct.usage")]
+    if paths and cgroup_cpu_s(paths) is not None:
+        return lambda: cgroup_cpu_s(paths)
+    if container_cpu0 is not None:
+        return lambda: (cgroup_cpu_s() or container_cpu0) - container_cpu0
     return None
 
 
@@ -121,7 +134,8 @@ class Child:
     With the setup's `sandbox` (the process backend), every child starts in a bubblewrap sandbox
     whose command line the host built (`prefix` by kind: "compiler", "program"; the descriptors of
     its generated files, `fds`, rewound before each start), under the launcher (confine.py in the
-    sandbox at `launcher`, with the kind's seccomp filter), which drops to `uid`, sets the limits
+    sandbox at `launcher`, or confine.c built, when the setup names no `python`; with the kind's
+    seccomp filter), which drops to `uid`, sets the limits
     and reports on a channel of ours (supervisor.py, loaded by its path) before it executes the
     compiler or the program. The sandbox's PID namespace dies with it, so nothing is left to find.
     Without it (inside a container of the docker backend) the child drops to `uid` itself and
@@ -202,7 +216,15 @@ class Child:
         }
         for fd in box["fds"][kind]:
             os.lseek(fd, 0, os.SEEK_SET)
-        command = box["prefix"][kind] + [box["python"], "-I", "-S", box["launcher"], json.dumps(spec), str(self.channel.child_fd)] + argv
+        if box["python"]:  # confine.py
+            launch = [box["python"], "-I", "-S", box["launcher"], json.dumps(spec), str(self.channel.child_fd)]
+        else:  # confine.c: the same spec as its arguments
+            launch = [box["launcher"], str(self.channel.child_fd), "-" if self.uid is None else str(self.uid)]
+            launch += ["-" if self.gid is None else str(self.gid), spec["chdir"], "1" if spec["listener"] else "0", spec["seccomp"]]
+            for name, (soft, hard) in limits.items():
+                launch += [name, "inf" if soft < 0 else str(soft), "inf" if hard < 0 else str(hard)]
+            launch.append("--")
+        command = box["prefix"][kind] + launch + argv
         kw["cwd"] = "/"
         try:
             return subprocess.Popen(
@@ -244,13 +266,15 @@ class Child:
         self.listener = None
         return [[arch, nr, n] for (arch, nr), n in sorted(counts.items())]
 
-    def wait(self, proc, wall_s, start, starved_wall_s=0.0):
+    def wait(self, proc, wall_s, start, starved_wall_s=0.0, counted=None):
         """(timed_out, exit code, signal, rusage, wall seconds since `start`): waits on a pidfd while
         answering the seccomp listener, kills the process group while its leader is unreaped (its
         pgid cannot be reused), then reaps it. Bubblewrap exits with 128 + the signal that killed
         the program: read as that signal. The wall-clock backstop `wall_s` is moved later by the
-        time the program waited for a CPU (a busy host), up to `starved_wall_s`; a program still
-        short of `wall_s` of such time then sets `starved_s` (how long it waited)."""
+        time the program waited for a CPU while it had less than its one CPU (a busy host:
+        `starved_deadline`, with `counted()` the CPU seconds of its cgroup since `start`), up to
+        `starved_wall_s`; a program still short of `wall_s` of such time then sets `starved_s`
+        (how long it waited)."""
         flooded = False
         try:
             fd = os.pidfd_open(proc.pid)
@@ -267,13 +291,11 @@ class Child:
                 if left <= 0:
                     # The backstop counts the time the program could have run: the time its tasks
                     # waited for a CPU on a busy host is added, up to `starved_wall_s` in all.
-                    waited = tree_run_delay_s(proc.pid)
-                    later = min(start + wall_s + waited, start + max(starved_wall_s, wall_s))
-                    if later > deadline + 0.01:
+                    later, starved_s = starved_deadline(proc.pid, start, wall_s, starved_wall_s, deadline, 1.0, counted)
+                    if later is not None:
                         deadline = later
                         continue
-                    if start + wall_s + waited > deadline + 0.01:  # it would have needed more than the cap
-                        self.starved_s = waited
+                    self.starved_s = starved_s  # > 0: it would have needed more than the cap
                     break
                 readable, _, _ = select.select(watch, [], [], left)
                 if fd in readable:
@@ -421,27 +443,33 @@ class Child:
         return False
 
 
-def tree_run_delay_s(root):
-    """The longest time any task of `root`'s process tree spent runnable but waiting for a CPU
-    (the kernel's schedstat run_delay), in seconds; 0.0 where the kernel does not say (gVisor)."""
-    children = {}
+def tree_usage(root):
+    """(wait, cpu) of `root`'s process tree: the longest time any of its tasks spent runnable but
+    waiting for a CPU (the kernel's schedstat run_delay), and the CPU seconds its processes used
+    (their own and that of the children they reaped), both in seconds; waits are 0.0 where the
+    kernel does not say (gVisor)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    children, cpu_of = {}, {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
         try:
             with open("/proc/%s/stat" % name, "rb") as f:
                 stat = f.read()
-            ppid = int(stat[stat.rindex(b")") + 2 :].split()[1])
+            fields = stat[stat.rindex(b")") + 2 :].split()
+            ppid = int(fields[1])
+            cpu_of[int(name)] = sum(int(x) for x in fields[11:15]) / tick  # utime stime cutime cstime
         except (OSError, ValueError, IndexError):
             continue
         children.setdefault(ppid, []).append(int(name))
-    longest, todo, seen = 0, [root], set()
+    longest, used, todo, seen = 0, 0.0, [root], set()
     while todo:
         pid = todo.pop()
         if pid in seen:
             continue
         seen.add(pid)
         todo.extend(children.get(pid, ()))
+        used += cpu_of.get(pid, 0.0)
         try:
             tasks = os.listdir("/proc/%d/task" % pid)
         except OSError:
@@ -452,7 +480,29 @@ def tree_run_delay_s(root):
                     longest = max(longest, int(f.read().split()[1]))
             except (OSError, ValueError, IndexError):
                 pass
-    return longest / 1e9
+    return longest / 1e9, used
+
+
+def starved_deadline(pid, start, limit_s, cap_s, deadline, cpus=1.0, counted=None):
+    """At `deadline`, for a program started at `start` with a wall-clock limit of `limit_s` and
+    entitled to `cpus` CPUs: (a later deadline, 0.0) when it was starved by the host, else (None,
+    s): its limit is reached, and s > 0 when it was still starved then (for s seconds: the host's
+    load, not the program). Starved: its tasks waited for a CPU (`tree_usage`) while the tree got
+    less than its `cpus` per second; that time is added to the limit, up to `cap_s` after the
+    start. A program whose own tasks queue behind each other (a fork bomb, more threads than its
+    CPUs or its quota) had its CPUs and is not starved. `counted()`, when given and not None, is the
+    CPU time of everything the program started since `start` (its cgroup's: also the processes
+    that left the tree or were never waited for)."""
+    waited, used = tree_usage(pid)
+    more = counted() if counted is not None else None
+    if more is not None:
+        used = max(used, more)
+    short = max(0.0, cpus * (time.monotonic() - start) - used)  # CPU time it could have had and did not get
+    waited = min(waited, short)
+    later = min(start + limit_s + waited, start + max(cap_s, limit_s))
+    if later > deadline + 0.01:
+        return later, 0.0
+    return None, waited if start + limit_s + waited > deadline + 0.01 else 0.0
 
 
 def _poll_exit(pid, deadline):
@@ -601,7 +651,9 @@ def run_case(case, setup, child, work):
             stderr=stderr,
         )
         failed = child.started(proc, float(setup["wall_s"]))
-        timed_out, code, sig, usage, wall = child.wait(proc, float(setup["wall_s"]), start, float(setup.get("starved_wall_s", 0.0)))
+        counted = case_cpu_counter(case.get("cgroup_procs", ()), cpu0)
+        starved_wall_s = float(setup.get("starved_wall_s", 0.0))
+        timed_out, code, sig, usage, wall = child.wait(proc, float(setup["wall_s"]), start, starved_wall_s, counted)
     cpu1, oom1 = (cgroup_cpu_s(), cgroup_oom_kills()) if setup.get("cgroup") else (None, None)
     denied = child.denied()
     clean = child.clean()

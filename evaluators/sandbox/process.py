@@ -39,9 +39,18 @@ from pathlib import Path
 from typing import Any
 
 from evaluators.sandbox import bwrap, syscalls, view
-from evaluators.sandbox.base import DATA_ENV, BackendRefused, InfrastructureError, SandboxLimits, SandboxResult, tmpfs_mb
+from evaluators.sandbox.base import (
+    DATA_ENV,
+    BackendRefused,
+    InfrastructureError,
+    SandboxLimits,
+    SandboxResult,
+    starved,
+    tmpfs_mb,
+)
 from evaluators.sandbox.cgroups import PARENT_ENV, Layout, RunCgroup, available, cpu_quota_missing
-from evaluators.sandbox.reaping import acquire_run_uid, candidate_sys_path, kill_group, release_run_uid, remove_tree, wait_unreaped
+from evaluators.sandbox.native import STARVED_WALL_FACTOR
+from evaluators.sandbox.reaping import acquire_run_uid, candidate_sys_path, kill_group, release_run_uid, remove_tree, wait_unstarved
 from evaluators.sandbox.run_outputs import failure_reason, read_logs, read_output
 from evaluators.sandbox.supervisor import Channel, Listener, SetupFailed
 
@@ -362,7 +371,13 @@ class ProcessSandbox:
                 listener = Listener(fd, learn=self.seccomp_mode == "learn", on_flood=stop_the_run)
                 server = threading.Thread(target=listener.serve, args=(stop,), daemon=True, name="seccomp-listener")
                 server.start()
-            timed_out = not wait_unreaped(proc.pid, limits.timeout_s)
+            started = time.monotonic()
+            # entitled to its CPUs (the cgroup's quota), or to those this process may use when fewer
+            cpus = min(max(1.0, float(limits.cpus)), float(len(os.sched_getaffinity(0))))
+            counted = group.cpu_s if group is not None else None  # a fresh group: all it used is this run's
+            exited, starved_s = wait_unstarved(proc.pid, limits.timeout_s, STARVED_WALL_FACTOR * limits.timeout_s, cpus, counted)
+            timed_out = not exited
+            ran_s = time.monotonic() - started
             # the whole group while the (unreaped) leader still pins its pgid, then the cgroup
             kill_group(proc.pid)
             if group is not None:
@@ -387,6 +402,8 @@ class ProcessSandbox:
             logs = f"[sandbox] {denied}\n" + logs
         if flooded:
             return SandboxResult(ok=False, reason=denied, logs=logs, denied=denied)
+        if timed_out and starved_s:  # the host's load, not the program: no verdict for it
+            raise starved(starved_s, ran_s, limits.timeout_s)
         if timed_out:
             return SandboxResult(ok=False, reason=_with(f"timeout after {limits.timeout_s:g} s", denied), logs=logs, denied=denied)
         if group is not None and group.oom_kills():  # whoever was killed, the tree went over

@@ -16,6 +16,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 # Run uids used when we are root: far above any account (and below the 32-bit overflow ids).
 RUN_UID_BASE, RUN_UID_SPAN = 1_500_000_000, 1 << 24
@@ -89,6 +90,25 @@ def wait_unreaped(pid: int, timeout_s: float) -> bool:
             return False
         time.sleep(min(delay, remaining))
         delay = min(delay * 2, 0.02)
+
+
+def wait_unstarved(
+    pid: int, timeout_s: float, starved_cap_s: float, cpus: float = 1.0, counted: Callable[[], float | None] | None = None
+) -> tuple[bool, float]:
+    """Wait until `pid` exits without reaping it, for `timeout_s` of the time its process tree could
+    run: at the deadline, the time the tree's tasks waited for a CPU while it got less than its
+    `cpus` (`starved_deadline`; `counted()`: the CPU seconds of its cgroup so far) moves it later,
+    up to `starved_cap_s` after the start. Returns (exited, s): `s` > 0 when it was stopped while
+    still short of CPU (it waited `s` seconds): the host's load, not the program."""
+    from evaluators.sandbox.native_runner import starved_deadline
+
+    start = time.monotonic()
+    deadline: float | None = start + timeout_s
+    while deadline is not None:
+        if wait_unreaped(pid, max(0.0, deadline - time.monotonic())):
+            return True, 0.0
+        deadline, starved_s = starved_deadline(pid, start, timeout_s, starved_cap_s, deadline, cpus, counted)
+    return False, starved_s
 
 
 def kill_group(pgid: int) -> None:

@@ -3,20 +3,21 @@
 A `View` is an ordered list of mounts, built here and carried out by a tool: bubblewrap
 (evaluators/sandbox/bwrap.py) or gVisor (evaluators/sandbox/gvisor.py). It starts from an empty
 root and adds only what the process needs, at the paths it has on the host (shared libraries and
-interpreters find each other by absolute paths):
+interpreters find each other by absolute paths), but for the packages, which show at SITE:
 - a Python run (`python_view`): the interpreter and its standard library, the distributions its
-  problem allows (`PACKAGES`, with what they depend on) and nothing else of site-packages, the
+  problem allows (`PACKAGES`, with what they depend on) at SITE and nothing else of site-packages, the
   system's shared libraries, /bin/sh; a GPU problem adds the C toolchain (torch.compile and Triton
   build code at run time) and the GPU's device nodes;
 - the compiler of a compiled program (`compiler_view`): the toolchain and its headers;
 - one case of a compiled program (`program_view`): the system's shared libraries, its binary
   (read-only) and its own empty directory.
 Every view also gets fresh scratch filesystems (/tmp, /var/tmp, /dev/shm), a minimal /dev, its own
-/proc, a generated /etc/passwd, /etc/group and /etc/hosts, and the launcher (confine.py) that sets
-its limits and seccomp filter. Not there, whatever the host holds: this repository (its published
-records, testers, held-out data), other site-packages, /home, /root, /run, /var, the host's /tmp
-and its sockets. Data files that ship inside an allowed package and that a problem must keep from
-candidates (scanpy's copy of the denoising dataset: `HIDDEN_SUFFIXES`) are replaced by empty files.
+/proc, a generated /etc/passwd, /etc/group and /etc/hosts, and the launcher (confine.py, with the
+interpreter it runs under, or for compiled programs confine.c) that sets its limits and seccomp
+filter. Not there, whatever the host holds: this repository (its published records, testers,
+held-out data), other site-packages, /home, /root, /run, /var, the host's /tmp and its sockets.
+Data files that ship inside an allowed package and that a problem must keep from candidates
+(scanpy's copy of the denoising dataset: `HIDDEN_SUFFIXES`) are replaced by empty files.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from dataclasses import dataclass, field
 BOX = "/sandbox"  # the sandbox's own files: the launcher, the harness, the run's job (read-only)
 WORK = "/sandbox/work"  # a Python run's working directory (a tmpfs of its own; its HOME)
 DATA = "/sandbox/data"  # a problem's read-only data directory, when it has one
+SITE = "/sandbox/site-packages"  # the problem's distributions (`add_packages`), wherever the host keeps them
 SCRATCH = ("/tmp", "/var/tmp", "/dev/shm")  # a fresh tmpfs each, per run and per case
 SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
 
@@ -275,23 +277,33 @@ def package_entries(names: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str,
 
 
 def site_directories(entries: tuple[str, ...]) -> list[str]:
-    """The site-packages directories the entries live in: the candidate's import path after the
-    standard library."""
+    """The host's site-packages directories the entries live in."""
     return sorted({os.path.dirname(e) for e in entries})
 
 
+def site_target(index: int) -> str:
+    """Where the `index`-th site-packages directory of the host shows in a view: under SITE, never at
+    its host path, which would tell a candidate where the host keeps its environment (a virtual
+    environment inside the checkout names the checkout, a user's home names the user)."""
+    return SITE if index == 0 else f"{SITE}-{index + 1}"
+
+
 def add_packages(view: View, image: str) -> list[str]:
-    """The image's distributions at their own paths in otherwise empty site-packages directories;
-    returns those directories (the candidate's import path after the standard library)."""
+    """The image's distributions in otherwise empty site-packages directories at SITE (and SITE-2,
+    ... when they come from several of the host's); returns those directories (the candidate's import
+    path after the standard library). A distribution's entries keep their names and their places
+    beside each other, so what a package finds relative to its own files (shared libraries by
+    `$ORIGIN`, data by `__file__`) it still finds."""
     entries, hidden = package_entries(PACKAGES.get(image, ()))
-    sites = site_directories(entries)
-    for site in sites:
-        view.tmpfs(site, 1, 0o755)
+    sites = {host: site_target(i) for i, host in enumerate(site_directories(entries))}
+    for target in sites.values():
+        view.tmpfs(target, 1, 0o755)
     for entry in entries:
-        view.bind(entry, entry)
+        view.bind(entry, os.path.join(sites[os.path.dirname(entry)], os.path.basename(entry)))
     for path in hidden:
-        view.hide(path)
-    return sites
+        host = next(h for h in sites if path.startswith(h + os.sep))
+        view.hide(os.path.join(sites[host], os.path.relpath(path, host)))
+    return list(sites.values())
 
 
 def toolchain_paths(path: str = SYSTEM_PATH) -> list[str]:
@@ -336,21 +348,25 @@ def python_view(
     return view, sites
 
 
-def compiler_view(build: str, uid: int, gid: int, tmpfs_mb: int) -> View:
+def compiler_view(build: str, uid: int, gid: int, tmpfs_mb: int, interpreter: bool = True) -> View:
     """The compiler's view: the toolchain, the standard library's headers, its build directory
-    read-write at its own path."""
+    read-write at its own path; the interpreter when the launcher is confine.py (`interpreter`),
+    not for the C launcher."""
     view = base(tmpfs_mb, uid, gid, build)
     add_toolchain(view)
-    add_interpreter(view)  # the launcher
+    if interpreter:
+        add_interpreter(view)
     view.bind(build, build, writable=True)
     return view
 
 
-def program_view(binary_dir: str, case_dir: str, uid: int, gid: int, tmpfs_mb: int) -> View:
+def program_view(binary_dir: str, case_dir: str, uid: int, gid: int, tmpfs_mb: int, interpreter: bool = True) -> View:
     """One case's view: its binary's directory read-only, a fresh tmpfs at `case_dir` (its cwd:
-    nothing it writes reaches the host's disk, and it counts against the case's memory)."""
+    nothing it writes reaches the host's disk, and it counts against the case's memory); the
+    interpreter when the launcher is confine.py (`interpreter`), not for the C launcher."""
     view = base(tmpfs_mb, uid, gid, case_dir)
-    add_interpreter(view)  # the launcher
+    if interpreter:
+        add_interpreter(view)
     view.bind(binary_dir, binary_dir)
     view.tmpfs(case_dir, tmpfs_mb)
     return view
