@@ -253,7 +253,7 @@ class AtCoderProblem(BaseProblem):
 
         run = sandbox.run_native(candidate, self.inputs(), self.native_limits(), on_case)
         if not run.compiled:
-            why = run.error or "compile error"
+            why = run.error.strip() or "compile error"
             log.debug("%s %s: %s", self.name, tag, why)
             return EvalResult.invalid(
                 f"{why}:\n{_tail(run.compile_log, 1500)}" if run.compile_log else why,
@@ -284,7 +284,7 @@ class AtCoderProblem(BaseProblem):
             first = failed[0]
             reason = f"case {first['case']}: {first['verdict']}: {first['reason']}"
         elif not complete:
-            reason = run.error or f"only {len(ordered)} of {len(self.cases)} cases ran"
+            reason = run.error.strip() or f"only {len(ordered)} of {len(self.cases)} cases ran"
         else:
             reason = ""
         summary = (

@@ -142,6 +142,8 @@ def read_integers(text: str) -> Integers:
             at += 1 << 16
             continue
         begin, stop = span(at + int(found[0]))
+        if stop > bad_at:  # the token holds the first character that is not part of an integer: it is not one
+            break
         if integer(raw[begin:stop].decode("ascii")) is None:
             bad_at, reason = begin, OUT_OF_RANGE
             break

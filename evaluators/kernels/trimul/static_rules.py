@@ -335,12 +335,14 @@ def check_source(source: str) -> list[str]:
     try:
         with _PARSE_LOCK:
             tree = ast.parse(source)
+        rules = _Rules(tree)
+        rules.run(tree)
     except SyntaxError as err:
         return [f"syntax error: {err.msg} (line {err.lineno})"]
     except ValueError as err:  # null bytes
         return [f"cannot parse the kernel: {err}"]
-    rules = _Rules(tree)
-    rules.run(tree)
+    except (RecursionError, MemoryError):  # CPython's parser stack and the checker's walk are bounded: so is the source's nesting
+        return ["the kernel is nested too deeply to check (an expression or statement nested hundreds of levels)"]
     problems = sorted(dict.fromkeys(rules.problems), key=_line)
     if not rules.has_entry:
         problems.append(f"defines no top-level function `{ENTRY_POINT}(data)`")

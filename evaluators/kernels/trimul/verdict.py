@@ -26,11 +26,46 @@ def geometric_mean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
+def _finite_ms(value: object) -> bool:
+    """A time the driver reported: a finite positive number (a JSON integer too large for a float is not)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(float(value)) and float(value) > 0
+    except OverflowError:
+        return False
+
+
+def malformed(report: object) -> str:
+    """Why the driver's report does not have the report's shape (it is untrusted), or ""."""
+    if not isinstance(report, dict):
+        return "the driver's report is not an object"
+    calls = report.get("calls")
+    if calls is not None and not isinstance(calls, list):
+        return "the driver's report holds no list of calls"
+    for c in calls or []:
+        if not (isinstance(c, dict) and isinstance(c.get("set"), str) and isinstance(c.get("kind", ""), (str, type(None)))):
+            return "the driver's report holds a call that is not a call (set, shape, kind)"
+        if isinstance(c.get("shape"), bool) or not isinstance(c.get("shape"), int):
+            return "the driver's report holds a call without a shape number"
+    versions = report.get("versions")
+    if versions is not None and not (isinstance(versions, dict) and all(isinstance(versions.get(k), str) for k in ("torch", "triton"))):
+        return "the driver's report names no torch and triton versions"
+    if not all(isinstance(b, dict) for b in report.get("benchmarks") or []):
+        return "the driver's report holds a benchmark that is not an object"
+    return ""
+
+
 def report_problem(job: dict, report: dict) -> str:
-    """Why the driver's report cannot be scored (its own error or rejection, or a gap in it), or ""."""
+    """Why the driver's report cannot be scored (its own error or rejection, a malformed report, or a gap in it), or ""."""
+    shape = malformed(report)
+    if shape:
+        return shape
     for key in ("error", "rejected"):
         if report.get(key):
-            return str(report[key])
+            return str(report[key])[:2000]
+    if "versions" not in report:
+        return "the driver's report names no torch and triton versions"
     calls = report.get("calls") or []
     for i, seeds in enumerate(job["test_seeds"]):
         got = [c for c in calls if c.get("set") == "tests" and c.get("shape") == i]
@@ -39,12 +74,12 @@ def report_problem(job: dict, report: dict) -> str:
     for i in range(len(job["benchmarks"])):
         mine = [c for c in calls if c.get("set") == "benchmarks" and c.get("shape") == i]
         timed = [c for c in mine if c.get("kind") == "timed"]
-        kinds = sorted(c.get("kind") for c in mine if c.get("kind") != "timed")
+        kinds = sorted(str(c.get("kind")) for c in mine if c.get("kind") != "timed")
         if kinds != ["warmup"] or len(timed) < job["timing"]["min_calls"]:
             return f"the driver's report of benchmark shape {i} is incomplete"
-        if len({c.get("seed") for c in timed}) != len(timed):
+        if len({repr(c.get("seed")) for c in timed}) != len(timed):  # repr: a seed the report made a list is still compared
             return f"benchmark shape {i}: timed calls repeated an input seed (every call must get fresh inputs)"
-        if any(not isinstance(c.get("ms"), (int, float)) or not c["ms"] > 0 for c in timed):
+        if any(not _finite_ms(c.get("ms")) for c in timed):
             return f"benchmark shape {i}: a timed call has no positive time"
     return ""
 
@@ -53,7 +88,7 @@ def runtimes_us(job: dict, report: dict) -> list[float]:
     """Mean runtime per benchmark shape in µs, from the timed calls themselves."""
     means = []
     for i in range(len(job["benchmarks"])):
-        ms = [c["ms"] for c in report["calls"] if c["set"] == "benchmarks" and c["shape"] == i and c["kind"] == "timed"]
+        ms = [float(c["ms"]) for c in report["calls"] if c["set"] == "benchmarks" and c["shape"] == i and c["kind"] == "timed"]
         means.append(1e3 * sum(ms) / len(ms))
     return means
 
@@ -61,7 +96,7 @@ def runtimes_us(job: dict, report: dict) -> list[float]:
 def spread_us(job: dict, report: dict) -> list[float]:
     out = []
     for i in range(len(job["benchmarks"])):
-        ms = [c["ms"] for c in report["calls"] if c["set"] == "benchmarks" and c["shape"] == i and c["kind"] == "timed"]
+        ms = [float(c["ms"]) for c in report["calls"] if c["set"] == "benchmarks" and c["shape"] == i and c["kind"] == "timed"]
         mean = sum(ms) / len(ms)
         out.append(1e3 * (sum((v - mean) ** 2 for v in ms) / max(1, len(ms) - 1)) ** 0.5)
     return out
