@@ -46,6 +46,18 @@ log = logging.getLogger("discover")
 
 NO_CANDIDATE = "no candidate found in the answer"
 UNPLACED_AFTER_S = 60.0  # no candidate back for this long: ask the engine whether it can start one at all
+
+
+class NoNodeFits(str):
+    """An engine's answer to "why can no candidate start" (`unplaceable`) when no live node has what a
+    candidate asks in all, free or not: until a node is added, retrying cannot help."""
+
+
+class Unplaceable(RuntimeError):
+    """No live node could start the step's candidates for `PLACEMENT_TIMEOUT_S`: the task fails once,
+    not again on each retry (flows/evaluation.py `_NO_RETRY`)."""
+
+
 EVALUATOR_FAULT = "evaluator fault"  # how the reason of a verdict made from a judge's exception begins
 
 
@@ -310,10 +322,13 @@ class StepEvaluation:
             )
             return now
         if now - stuck >= PLACEMENT_TIMEOUT_S:
-            raise RuntimeError(
-                f"step {self.step} evaluate: {len(self._pending)} candidates could not be started for {now - stuck:.0f} s: "
-                f"{why}. The candidates that finished are stored; a retry of the step evaluates only the others"
-            )
+            said = f"step {self.step} evaluate: {len(self._pending)} candidates could not be started for {now - stuck:.0f} s: {why}."
+            if isinstance(why, NoNodeFits):  # a retry would wait as long again for the same answer
+                raise Unplaceable(
+                    f"{said} Not retried: no live node has that much. The candidates that finished are stored; once a node that "
+                    f"has it joins, `discover resume {self.run.root}` evaluates only the others"
+                )
+            raise RuntimeError(f"{said} The candidates that finished are stored; a retry of the step evaluates only the others")
         return stuck
 
     def _evaluation(self, rollout: Rollout) -> Evaluation:

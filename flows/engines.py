@@ -29,7 +29,8 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 from discover.config import RunConfig
-from discover.evaluation import Resources
+from discover.evaluation import NoNodeFits, Resources
+from discover.policy.ray_driver import loopback_host
 from discover.run import Run
 
 log = logging.getLogger("discover")
@@ -80,15 +81,17 @@ def unplaceable(runner: str, resources: Resources) -> Callable[[], str | None]:
 
         nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
         free = ray.available_resources()
-        if any(_fits(n, wanted) for n in nodes) and _fits(free, wanted):
+        some_node_fits = any(_fits(n, wanted) for n in nodes)
+        if some_node_fits and _fits(free, wanted):
             return None
         shown = {k: _amount(k, free.get(k, 0.0)) for k in wanted}
         totals = [{k: _amount(k, n.get(k, 0.0)) for k in wanted} for n in nodes]
-        return (
+        why = (
             f"the Ray cluster cannot start one: a candidate asks { ({k: _amount(k, v) for k, v in wanted.items()}) }, the "
             f"cluster has {shown} free, its {len(nodes)} live nodes {totals} in all (the run's replicas and ranks hold "
             f"theirs); add a node (`ray start --address {_head_address(ray)} --num-cpus N`) or lower the problem's limits"
         )
+        return why if some_node_fits else NoNodeFits(why)
 
     return check
 
@@ -202,14 +205,6 @@ def ray_address(config: RunConfig) -> str | None:
     return config.evaluation.address if config.evaluation.runner == "ray" else None
 
 
-def _loopback_host(address: str) -> str | None:
-    """The host of an address on the loopback (127/8): the cluster's nodes are on this machine, and
-    the driver joins them under that address (Ray would otherwise look for a node at the machine's
-    routable address). None for any other address."""
-    host = address.removeprefix("ray://").rsplit(":", 1)[0]
-    return host if host.startswith("127.") else None
-
-
 @contextmanager
 def ray_connection(run: Run) -> Iterator[bool]:
     """Ray initialised for the run when it needs it (`needs_ray`): the configured cluster (checked),
@@ -236,7 +231,7 @@ def ray_connection(run: Run) -> Iterator[bool]:
         cpus += config.cluster.trainer_world_size if config.cluster.trainer_world_size > 1 else 0
         start_local_ray(ray, max(cpus, 1))
     else:
-        loopback = _loopback_host(address)
+        loopback = loopback_host(address)
         extra = {"_node_ip_address": loopback} if loopback else {}
         ray.init(address=address, namespace="prefect", log_to_driver=False, **extra)
     try:
@@ -249,13 +244,20 @@ def ray_connection(run: Run) -> Iterator[bool]:
 
 RAY_START_TIMEOUT_S = 300.0  # how long a run tries to start its local Ray instance (DISCOVER_RAY_START_TIMEOUT_S)
 RAY_NODE_WAIT_S = 30  # Ray's own wait for a new node to register with its GCS (ray/_private/node.py, fixed in Ray 2.60)
+RAY_NICENESS_ENV = "RAY_worker_niceness"  # Ray's setting of its workers' niceness (its default is 15)
 
 
-def start_local_ray(ray: Any, cpus: int, timeout_s: float | None = None) -> None:
+def start_local_ray(ray: Any, cpus: int, timeout_s: float | None = None, namespace: str = "prefect") -> None:
     """A Ray instance for this run on the loopback, without its dashboard. Ray waits `RAY_NODE_WAIT_S`
     for the new node's raylet to register and then gives up; a busy machine can miss that, so the
     start is tried again until `timeout_s` has passed, and every process a failed try started (GCS,
-    raylet, API server, monitor, agents) is ended before the next: none of them is left running."""
+    raylet, API server, monitor, agents) is ended before the next: none of them is left running.
+
+    Its workers (trainer ranks, generation replicas, candidate evaluations and the sandboxed programs
+    they start) run at niceness 0, as the run itself does: Ray starts them at 15 by default, which
+    beside any other work on the machine leaves them a few percent of a CPU (two trainer ranks beside
+    two CPU hogs took 25 times as long, and a candidate's wall clock ran out while it waited).
+    `RAY_worker_niceness` in the environment still decides where it is set."""
     import os
     import time
 
@@ -268,8 +270,9 @@ def start_local_ray(ray: Any, cpus: int, timeout_s: float | None = None) -> None
                 num_cpus=cpus,
                 include_dashboard=False,  # no dashboard: only the API server's minimal modules, on a port of its own
                 _node_ip_address="127.0.0.1",  # loopback only
-                namespace="prefect",
+                namespace=namespace,
                 log_to_driver=False,
+                _system_config={} if RAY_NICENESS_ENV in os.environ else {"worker_niceness": 0},
             )
             return
         except Exception as err:  # noqa: BLE001 - Ray raises a bare Exception for this

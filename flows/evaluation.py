@@ -21,7 +21,7 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from discover.evaluation import CandidateJob, Resources, StepEvaluation, run_job
+from discover.evaluation import CandidateJob, Resources, StepEvaluation, Unplaceable, run_job
 from discover.run import Run, RunDirError
 from flows.engines import resource_request, unplaceable
 from storage.atomic import DiskFull
@@ -34,7 +34,8 @@ GPU_LIMIT_ENV = "DISCOVER_GPU_LIMIT"
 # Failures of infrastructure are retried; a bad configuration or run directory is not. An exception
 # of a problem's judging never gets here: run_job makes it the candidate's verdict (an evaluator
 # fault, evaluators/sandbox/base.py `infrastructure_failure` draws the line).
-_NO_RETRY = (ValueError, KeyError, TypeError, RunDirError, DiskFull)  # DiskFull: nothing changes until space is freed
+# DiskFull: nothing changes until space is freed; Unplaceable: until a node that can start a candidate joins
+_NO_RETRY = (ValueError, KeyError, TypeError, RunDirError, DiskFull, Unplaceable)
 
 
 def retry_infrastructure_only(task: Any, task_run: Any, state: Any) -> bool:

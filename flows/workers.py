@@ -6,8 +6,11 @@ once, before its first step, so that a specification that changed is replaced be
 needs it; each step's `generate` then finds them by name. The trainer ranks
 (`cluster.trainer_world_size` > 1) are built by the first `train` that needs them, as that step's
 training section is part of their specification, and found by name by every later one.
-When the run has finished its last step, both are ended (detached ones on a shared cluster would
-otherwise hold their GPUs); when the flow stops early they stay, for the flow that resumes the run.
+When the run has finished its last step, every worker and placement group of its namespace is ended,
+however many ranks and replicas it had (detached ones on a shared cluster would otherwise hold their
+GPUs); when the flow stops early they stay, for the flow that resumes the run. Workers left on a
+cluster the configuration no longer names (W=2 then 1, say) are ended when the next flow run starts
+(discover/policy/run_workers.py).
 """
 
 from __future__ import annotations
@@ -23,20 +26,29 @@ log = logging.getLogger("discover")
 
 @contextmanager
 def resident_workers(run: Run) -> Iterator[None]:
+    from discover.policy.run_workers import end_left_workers, record_cluster
+
     c = run.config.cluster
+    resident = c.generation_replicas > 1 or c.trainer_world_size > 1
+    end_left_workers(run.root, c.address if resident else None)  # a cluster this configuration no longer uses
+    if resident and c.address is not None:
+        from discover.policy.replicas import namespace
+
+        record_cluster(run.root, c.address, namespace(run))  # detached workers may live there from now on
     if c.generation_replicas > 1:
         from discover.policy.replicas import ensure_replicas
 
         actors = ensure_replicas(run)
         log.info("generation on %d replicas (Ray namespace of the run: its id)", len(actors))
     yield
-    if run.finished_steps() < run.config.steps:
+    if run.finished_steps() < run.config.steps or not resident:
         return
-    if c.generation_replicas > 1:
-        from discover.policy.replicas import end_replicas
+    from discover.policy.ray_driver import connected_ray
+    from discover.policy.replicas import namespace
+    from discover.policy.run_workers import end_namespace, forget_cluster
+    from discover.policy.trainer_group import forget_groups
 
-        log.info("run finished: %d generation replicas ended", end_replicas(run))
-    if c.trainer_world_size > 1:
-        from discover.policy.trainer_group import TrainerGroup
-
-        log.info("run finished: %d trainer ranks ended", TrainerGroup.of_run(run).end())
+    actors, groups = end_namespace(connected_ray("resident workers"), namespace(run))  # whatever R and W were
+    forget_groups(namespace(run))
+    log.info("run finished: its %d workers (generation replicas, trainer ranks) and %d placement groups ended", actors, groups)
+    forget_cluster(run.root)

@@ -35,7 +35,8 @@ class LoopbackRayCluster:
 
     def __init__(self, temp_dir: Path, workers: int = 2, cpus: int = 1, env: dict[str, str] | None = None):
         self.temp_dir, self.workers, self.cpus = temp_dir, workers, cpus
-        self.env = {**os.environ, **(env or {})}
+        # workers at niceness 0 (Ray's default 15 starves them beside other tests: docs/operations.md)
+        self.env = {**os.environ, "RAY_worker_niceness": "0", **(env or {})}
         self.env.pop("RAY_ADDRESS", None)
         self.groups: list[int] = []
         self.address = ""

@@ -20,12 +20,17 @@ from flows.engines import unplaceable
 from tests.conftest import tiny_toy_config
 
 
+@pytest.mark.parametrize("no_node_fits", [False, True], ids=["not-free-now", "no-node-has-it"])
 def test_an_evaluation_no_worker_can_start_says_why_and_fails_after_the_bound(
-    tmp_path: Path, tiny_model_cache: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, tiny_model_cache: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, no_node_fits: bool
 ) -> None:
+    """Held by other work (not free now), the task fails after the bound and Prefect retries it; when
+    no live node has what a candidate asks at all, it fails once (Unplaceable, not retried: each retry
+    would wait the bound again for the same answer), naming the resume command."""
     from discover import steps
     from discover.config import parse_config
     from discover.run import read_rollouts
+    from flows.evaluation import retry_infrastructure_only
 
     run = steps.create_run(parse_config(tiny_toy_config(tmp_path / "run", steps=1, problem_options={"lenient": True})))
     steps.initialise(run)
@@ -40,13 +45,24 @@ def test_an_evaluation_no_worker_can_start_says_why_and_fails_after_the_bound(
         return never[-1]
 
     why = "the Ray cluster cannot start one: a candidate asks {'CPU': '2'}, the cluster has {'CPU': '1'} free"
-    step = StepEvaluation(run, 0, submit, lambda: why)
+    answer = evaluation.NoNodeFits(why) if no_node_fits else why
+    step = StepEvaluation(run, 0, submit, lambda: answer)
     rollouts = read_rollouts(run.reads("evaluate", 0)["rollouts"])
     with caplog.at_level(logging.WARNING, logger="discover"), pytest.raises(RuntimeError) as raised:
         step.collect(rollouts)
     assert never, "the toy's rollouts hold candidates"
     assert f"{len(never)} candidates could not be started for" in str(raised.value) and why in str(raised.value)
-    assert "a retry of the step evaluates only the others" in str(raised.value)
+    if no_node_fits:
+        assert type(raised.value) is evaluation.Unplaceable and "Not retried: no live node has that much" in str(raised.value)
+        assert f"`discover resume {run.root}` evaluates only the others" in str(raised.value)
+    else:
+        assert type(raised.value) is RuntimeError and "a retry of the step evaluates only the others" in str(raised.value)
+
+    class Failed:  # the task run's final state, as Prefect hands it to the retry condition
+        def result(self) -> None:
+            raise raised.value
+
+    assert retry_infrastructure_only(None, None, Failed()) is not no_node_fits
     warned = [r.getMessage() for r in caplog.records if "no candidate came back" in r.getMessage()]
     assert len(warned) == 1 and why in warned[0] and "evaluate fails after 6 s of this" in warned[0]
 
@@ -65,6 +81,17 @@ def test_the_ray_check_names_what_a_candidate_asks_and_what_the_cluster_has() ->
         assert unplaceable("ray", Resources(cpus=1, memory_mb=16, gpus=0))() is None
         why = unplaceable("ray", Resources(cpus=3, memory_mb=16, gpus=0))()
         head = ray.get_runtime_context().gcs_address
+
+        @ray.remote(num_cpus=2)
+        class Holder:
+            def ready(self) -> bool:
+                return True
+
+        holder = Holder.remote()
+        ray.get(holder.ready.remote(), timeout=300)
+        busy = unplaceable("ray", Resources(cpus=1, memory_mb=16, gpus=0))()  # a node has it, but not free now
+    assert isinstance(why, evaluation.NoNodeFits) and busy is not None and not isinstance(busy, evaluation.NoNodeFits)
+    assert "the cluster has {'CPU': '0', " in busy, busy
     assert why is not None and "a candidate asks {'CPU': '3', 'memory': '0.0 GiB'}" in why
     assert "free, its 1 live nodes [{'CPU': '2'" in why and f"ray start --address {head} " in why  # the real head, not HEAD:6379
 

@@ -1,7 +1,8 @@
 """A run's local Ray instance on a busy machine (flows/engines.py `start_local_ray`): Ray gives a new
 node a fixed 30 s to register, which a loaded machine can miss; the start is tried again, every
 process of a failed try is ended before the next, and when it gives up the message names what timed
-out. Beside two CPU hogs the instance starts, or says so, and leaves nothing running either way."""
+out. Beside two CPU hogs the instance starts, or says so, and leaves nothing running either way; its
+workers run at niceness 0."""
 
 from __future__ import annotations
 
@@ -58,6 +59,7 @@ START = textwrap.dedent(
     try:
         start_local_ray(ray, 2, timeout_s=float(sys.argv[1]))
         print("STARTED", len(ray.nodes()), flush=True)
+        print("WORKER NICENESS", ray.get(ray.remote(num_cpus=1)(lambda: os.nice(0)).remote(), timeout=300), flush=True)
     except RuntimeError as err:
         print("GAVE UP", err, flush=True)
     ray.shutdown()
@@ -92,5 +94,8 @@ def test_a_local_ray_instance_starts_beside_two_cpu_hogs_or_says_what_timed_out(
     gave_up = "GAVE UP the local Ray instance did not start" in out and "within Ray's 30 s" in out
     assert started or gave_up, out[-3000:]
     assert "LEFT []" in out, out[-3000:]  # nothing of a failed try, nor of the instance after shutdown
+    # its workers run at the run's own priority, not Ray's default niceness of 15 (which beside the hogs
+    # would leave a trainer rank or a candidate a few percent of a CPU)
+    assert not started or "WORKER NICENESS 0" in out, out[-3000:]
     tries = out.count("did not start within Ray's 30 s (try")
     print(f"\nbeside two CPU hogs: {'started' if started else 'gave up'} after {tries} failed tries")

@@ -381,3 +381,70 @@ def test_a_resumed_flow_re_attaches_to_its_ranks_and_replicas_and_the_run_loads_
     finally:
         for node in nodes:
             ray_cluster.kill_node(node)
+
+
+def test_a_run_moved_from_two_ranks_to_one_leaves_nothing_on_the_cluster(
+    ray_cluster, connected, tmp_path: Path, cli_env: dict[str, str]
+) -> None:
+    """Must show (nothing left behind): a 2-step toy run with two detached trainer ranks in a
+    placement group on the cluster, `discover run` SIGKILLed as step 1 starts (the ranks stay, for
+    the flow that resumes); rank 0's rendezvous store listens on the node's cluster address, not on
+    every interface. The run is then resumed with one rank (config.yaml edited: trainer_world_size 1,
+    no cluster.address): it completes, and no actor or placement group of its namespace is left."""
+    import json
+    import subprocess
+    import sys
+
+    import psutil
+    import ray
+    import yaml
+    from ray.util import list_named_actors
+    from ray.util.placement_group import placement_group_table
+
+    node = ray_cluster.add_node({"trainer": 2})
+    run_dir = tmp_path / "run"
+    cluster = {"address": connected.address, "trainer_world_size": 2, "trainer_placement": "ray", "trainer_resources": {"trainer": 1}}
+    (tmp_path / "run.yaml").write_text(
+        yaml.safe_dump(tiny_toy_config(run_dir, steps=2, problem_options={"lenient": True}, cluster=cluster))
+    )
+
+    def discover(args: list[str], crash: str | None) -> subprocess.CompletedProcess:
+        env = {**cli_env, "PYTHONPATH": str(FAULTS), **({"DISCOVER_CRASH_AT": crash} if crash else {})}
+        done = subprocess.run(
+            [sys.executable, "-m", "cli", *args], env=env, capture_output=True, text=True, timeout=1200, start_new_session=True
+        )
+        assert done.returncode == (-9 if crash else 0), done.stderr[-3000:]
+        return done
+
+    def left(ns: str) -> tuple[list[str], list[str]]:
+        actors = [a["name"] for a in list_named_actors(all_namespaces=True) if a["namespace"] == ns]
+        groups = [g["name"] for g in placement_group_table().values() if g["name"].startswith(ns) and g["state"] != "REMOVED"]
+        return sorted(actors), sorted(groups)  # Ray lists them in no set order
+
+    try:
+        discover(["run", str(tmp_path / "run.yaml")], "select_parents:1:start")
+        ns = "ttt-" + json.loads((run_dir / "run.json").read_text())["run_id"]
+        assert left(ns) == (["train-0", "train-1"], [f"{ns}-train-ranks"])
+        info = ray.get(ray.get_actor("train-0", namespace=ns).info.remote(), timeout=120)
+        host, port = info["store"]
+        listening = [
+            c.laddr for c in psutil.Process(info["pid"]).net_connections() if c.status == psutil.CONN_LISTEN and c.laddr.port == port
+        ]
+        assert host == HOST and listening and all(a.ip == HOST for a in listening), (host, listening)
+
+        config = yaml.safe_load((run_dir / "config.yaml").read_text())
+        config["cluster"] = {
+            **config["cluster"],
+            "address": None,
+            "trainer_world_size": 1,
+            "trainer_placement": "local",
+            "trainer_resources": {},
+        }
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
+        resumed = discover(["resume", str(run_dir)], None)
+        assert "1 actors" not in resumed.stderr  # both ranks, not one
+        assert left(ns) == ([], []), resumed.stderr[-3000:]
+        assert not (run_dir / "cluster-workers.json").exists()
+        assert (run_dir / "checkpoints" / "0002" / "adapter").is_dir()
+    finally:
+        ray_cluster.kill_node(node)

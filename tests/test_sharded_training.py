@@ -112,7 +112,9 @@ def local_ray(cpus: int = 2):
     """A Ray instance on the loopback for the test, as a run starts one (flows/engines.py `ray_connection`)."""
     import ray
 
-    ray.init(num_cpus=cpus, include_dashboard=False, _node_ip_address="127.0.0.1", namespace="tests", log_to_driver=False)
+    from flows.engines import start_local_ray
+
+    start_local_ray(ray, cpus, namespace="tests")
     try:
         yield ray
     finally:

@@ -18,3 +18,11 @@ def connected_ray(setting: str) -> Any:
             "(flows/engines.py `ray_connection`), so run the step inside `discover run` or `discovery_run`"
         )
     return ray
+
+
+def loopback_host(address: str) -> str | None:
+    """The host of an address on the loopback (127/8): the cluster's nodes are on this machine, and
+    the driver joins them under that address (Ray would otherwise look for a node at the machine's
+    routable address). None for any other address."""
+    host = address.removeprefix("ray://").rsplit(":", 1)[0]
+    return host if host.startswith("127.") else None

@@ -54,7 +54,6 @@ __all__ = [
     "ReplicaDecodeEngine",
     "ReplicaSampler",
     "ReplicaSpec",
-    "end_replicas",
     "ensure_replicas",
     "generation_policy",
     "namespace",
@@ -73,8 +72,11 @@ def namespace(run: Run) -> str:
     return f"ttt-{run.run_id}"
 
 
+REPLICA_PREFIX = "generate-"
+
+
 def replica_name(i: int) -> str:
-    return f"generate-{i}"
+    return f"{REPLICA_PREFIX}{i}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,6 +218,12 @@ def ensure_replicas(run: Run) -> list[Any]:
     c = run.config.cluster
     spec = ReplicaSpec.of(run).as_dict()
     ns, detached = namespace(run), c.address is not None
+    from discover.policy.run_workers import named_actors
+
+    for name in named_actors(ray, ns, REPLICA_PREFIX):  # replicas of a larger R before: not needed now
+        if int(name.removeprefix(REPLICA_PREFIX)) >= c.generation_replicas:
+            ray.kill(ray.get_actor(name, namespace=ns), no_restart=True)
+            log.info("generation replica %s/%s ended: the run has %d replicas now", ns, name, c.generation_replicas)
     actors = []
     for i in range(c.generation_replicas):
         name = replica_name(i)
@@ -261,20 +269,6 @@ def _wait_gone(ray: Any, name: str, ns: str, timeout: float = 30.0) -> None:
             return
         time.sleep(0.2)
     raise RuntimeError(f"the generation replica {ns}/{name} was killed but its name is still taken after {timeout:.0f} s")
-
-
-def end_replicas(run: Run) -> int:
-    """Kill the run's replica actors (a finished run: detached ones would hold their GPUs forever); how many."""
-    ray = _ray()
-    ended = 0
-    for i in range(run.config.cluster.generation_replicas):
-        try:
-            actor = ray.get_actor(replica_name(i), namespace=namespace(run))
-        except ValueError:
-            continue
-        ray.kill(actor, no_restart=True)
-        ended += 1
-    return ended
 
 
 def group_of(key: Hashable) -> int:

@@ -61,11 +61,15 @@ if TYPE_CHECKING:
 log = logging.getLogger("discover")
 
 JOIN_TIMEOUT_S = 600.0  # how long the ranks wait for each other to join the process group
+PEER_DEATH_GRACE_S = 30.0  # after a rank's failure, how long to look for a lost rank to name instead
 Files = dict[str, bytes]  # a folder's files by relative path
 
 
+RANK_PREFIX = "train-"
+
+
 def rank_name(rank: int) -> str:
-    return f"train-{rank}"
+    return f"{RANK_PREFIX}{rank}"
 
 
 def state_digest(files: Files) -> str:
@@ -161,6 +165,7 @@ class ResidentRank:
         self.digest: str | None = None  # the state held: `state_digest` of the checkpoint it equals
         self.state_loads = 0  # checkpoint states loaded (a resident group: once, then only after a resume elsewhere)
         self._store: Any = None
+        self.store_address: tuple[str, int] | None = None  # rank 0: where its TCPStore listens
         self._trainer: Any = None
         self._root: Any = None
         self._params: list[torch.nn.Parameter] = []
@@ -176,16 +181,32 @@ class ResidentRank:
             "pid": os.getpid(),
             "base_loads": resident.loads(),
             "state_loads": self.state_loads,
+            "store": self.store_address,
         }
 
     def open_store(self) -> tuple[str, int]:
-        """Rank 0: torch's TCPStore on a port the kernel picks on this node; where the others meet it."""
+        """Rank 0: torch's TCPStore on a port the kernel picks, listening on this node's cluster
+        address only (torch's own listener takes every interface); where the others meet it."""
+        import socket
+
         import ray
         import torch.distributed as dist
 
         host = ray.util.get_node_ip_address()
-        self._store = dist.TCPStore(host, 0, self.world, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=JOIN_TIMEOUT_S))
-        return host, int(self._store.port)
+        listener = socket.create_server((host, 0), family=socket.AF_INET6 if ":" in host else socket.AF_INET, backlog=self.world * 4)
+        port = listener.getsockname()[1]
+        self._store = dist.TCPStore(
+            host,
+            port,
+            self.world,
+            is_master=True,
+            wait_for_workers=False,
+            timeout=timedelta(seconds=JOIN_TIMEOUT_S),
+            master_listen_fd=listener.detach(),  # the store owns the socket from here
+            use_libuv=True,
+        )
+        self.store_address = (host, port)
+        return host, port
 
     def join(self, host: str, port: int) -> None:
         """Join the group's process group (every rank at once: it returns when all have joined)."""
@@ -300,6 +321,12 @@ class RankLost(RuntimeError):
 
 
 _GROUPS: dict[tuple[str, str], TrainerGroup] = {}  # (namespace, Ray job id) -> the run's group in this process
+
+
+def forget_groups(namespace: str) -> None:
+    """This process's handles of the groups of `namespace` (its ranks were ended)."""
+    for key in [k for k in _GROUPS if k[0] == namespace]:
+        del _GROUPS[key]
 
 
 class TrainerGroup:
@@ -466,7 +493,8 @@ class TrainerGroup:
         return files
 
     def _wait(self, refs: list[Any], actors: list[Any], doing: str) -> list[Any]:
-        """Every rank's result, in rank order; the first failure stops every rank and raises `RankLost`."""
+        """Every rank's result, in rank order; the first failure stops every rank and raises `RankLost`,
+        naming the rank that was lost (see `_culprit`)."""
         ray = _ray()
         rank_of = {ref: r for r, ref in enumerate(refs)}
         pending, results = list(refs), {}
@@ -476,13 +504,34 @@ class TrainerGroup:
                 try:
                     results[rank_of[ref]] = ray.get(ref)
                 except Exception as err:  # noqa: BLE001 - any rank's failure fails the step, named
+                    rank, cause = self._culprit(ray, rank_of, (rank_of[ref], err), pending)
                     self._stop(ray, actors)
                     raise RankLost(
-                        f"trainer rank {rank_of[ref]} of {self.world_size} failed while {doing} ({type(err).__name__}: "
-                        f"{_first_line(err)}); every rank was stopped and nothing of the step was written. The train task's "
+                        f"trainer rank {rank} of {self.world_size} failed while {doing} ({type(cause).__name__}: "
+                        f"{_first_line(cause)}); every rank was stopped and nothing of the step was written. The train task's "
                         "retry builds the group again from the last checkpoint"
-                    ) from err
+                    ) from cause
         return [results[r] for r in range(len(refs))]
+
+    @staticmethod
+    def _culprit(ray: Any, rank_of: dict[Any, int], first: tuple[int, BaseException], pending: list[Any]) -> tuple[int, BaseException]:
+        """The rank to name for a failed step. When a rank dies its peers' collectives fail at once
+        ("Connection reset by peer"), often before Ray reports the death; so when the first failure is
+        not a lost actor, the other ranks get up to `PEER_DEATH_GRACE_S` to show one. A rank that
+        failed on its own leaves its peers waiting in a collective: they are stopped after the grace."""
+        if isinstance(first[1], ray.exceptions.RayActorError) or not pending:
+            return first
+        deadline = time.monotonic() + PEER_DEATH_GRACE_S
+        while pending and (left := deadline - time.monotonic()) > 0:
+            done, pending = ray.wait(pending, num_returns=1, timeout=left)
+            for ref in done:
+                try:
+                    ray.get(ref)
+                except ray.exceptions.RayActorError as err:
+                    return rank_of[ref], err
+                except Exception:  # noqa: BLE001, S110 - another victim of the same loss
+                    pass
+        return first
 
     # -- ending
 
@@ -501,8 +550,7 @@ class TrainerGroup:
         return f"{self.namespace}-train-ranks"
 
     def _remove_group(self, ray: Any) -> None:
-        if self.placement != "ray":
-            return
+        """Remove the group's placement group, if it has one (with `trainer_placement: ray` now or before)."""
         from ray.util.placement_group import get_placement_group, remove_placement_group
 
         try:
@@ -519,16 +567,19 @@ class TrainerGroup:
 
     def _kill_named(self) -> int:
         """Kill the group's ranks (found by name) and remove its placement group; how many ranks were killed."""
+        from discover.policy.run_workers import named_actors
+
         ray = _ray()
+        names = named_actors(ray, self.namespace, RANK_PREFIX)  # every rank, however many the group had before
         ended = []
-        for r in range(self.world_size):
+        for name in names:
             try:
-                ended.append(ray.get_actor(rank_name(r), namespace=self.namespace))
+                ended.append(ray.get_actor(name, namespace=self.namespace))
             except ValueError:
                 continue
         self._stop(ray, ended)
         deadline = time.time() + 30
-        while time.time() < deadline and any(_named(ray, rank_name(r), self.namespace) for r in range(self.world_size)):
+        while time.time() < deadline and any(_named(ray, name, self.namespace) for name in names):
             time.sleep(0.2)
         return len(ended)
 
