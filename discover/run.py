@@ -130,6 +130,33 @@ class Run:
             )
         return ref
 
+    def check_inputs(self, task: StepTask | str, step: int) -> None:
+        """Each input of `task` of `step` is still the file the task that wrote it recorded (its sha256
+        in manifest.json: the finished task's output, or the run's initial archive and adapter);
+        RunDirError otherwise, in one line naming the file, the task about to run, its step and the fix.
+        A truncated parquet or adapter is said here, not as a parser's error retried."""
+        task = step_task(task).name
+        manifest = read_manifest(self.layout.manifest)
+        writers = {e["output"]["path"]: (e["task"], int(e["step"]), e["output"]["sha256"]) for e in manifest["tasks"].values()}
+        for ref in manifest.get("initial", {}).values():
+            writers.setdefault(ref["path"], ("initialise", -1, ref["sha256"]))
+        for name, path in self.reads(task, step).items():
+            rel = self.layout.relative(path)
+            if rel not in writers:
+                continue
+            writer, written_at, sha = writers[rel]
+            found = content_hash(path) if path.exists() else None
+            if found == sha:
+                continue
+            what = "is missing" if found is None else f"has changed (sha256 now {found[:12]}..., recorded {sha[:12]}...)"
+            if writer == "initialise":
+                fix = "restore it, or start the run again in a new directory (it is written once, when the run starts)"
+                since = "the run started"
+            else:
+                fix = f"restore it, or recompute from that step with `discover resume {self.root} --redo-from {written_at}`"
+                since = f"{writer} of step {written_at} wrote it"
+            raise RunDirError(f"{rel}, the {name} {task} of step {step} reads, {what} since {since}; {fix}")
+
     def finished_steps(self) -> int:
         """How many leading steps have all their tasks finished: the number of the first unfinished one."""
         done = read_manifest(self.layout.manifest)["tasks"]

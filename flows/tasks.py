@@ -27,7 +27,7 @@ from prefect.cache_policies import NO_CACHE
 from discover import steps
 from discover.run import EVALUATE, GENERATE, STEP_TASKS, Ref, Run, StepTask
 from flows.evaluation import GPU_LIMIT_ENV, current_evaluation, retry_infrastructure_only
-from storage.manifest import record_task
+from storage.manifest import record_initial, record_task
 
 log = logging.getLogger("discover")
 
@@ -64,6 +64,7 @@ def _prefect_task(spec: StepTask) -> Task[..., Ref]:
         started = time.time()
         extra = _OPTIONS[spec.name](run, step, **options) if spec.name in _OPTIONS else {}
         try:
+            run.check_inputs(spec, step)  # a damaged input is said in one line, not as its parser's error retried
             ref = steps.step_function(spec)(run, step, **extra)
         except Exception as err:
             # the cause in the run's logs (flows/logs.py) at ERROR: Prefect's AwaitingRetry state carries no message
@@ -92,4 +93,6 @@ STEP_TASK_RUNS: dict[str, Task[..., Ref]] = {spec.name: _prefect_task(spec) for 
 def initialise(run: Run) -> dict[str, Ref]:
     """The run's seeds and initial adapter, each written once (idempotent; runs on every resume)."""
     with _seed_gpu_slots(run):
-        return steps.initialise(run)
+        refs = steps.initialise(run)
+    record_initial(run.layout.manifest, refs)
+    return refs

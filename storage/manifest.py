@@ -4,6 +4,7 @@ time a task really ran (`executions`); and each recomputation asked for (`redos`
 Storage knows no task names: discover/run.py owns them (`TASKS`) and the rules around them.
 
     {"tasks": {"<step>/<task>": {"step", "task", "output": {"path", "sha256"}, "started", "finished"}},
+     "initial": {"<name>": {"path", "sha256"}},          (what the run started from, once written)
      "executions": [{"step", "task", "finished"}, ...],
      "redos": [{"from_step", "at", "note"}, ...]}      (absent until the first redo)
 """
@@ -52,6 +53,17 @@ def record_task(path: Path, step: int, task: str, ref: dict[str, str], started: 
         manifest["tasks"][f"{step}/{task}"] = entry
         if executed:
             manifest["executions"].append({"step": step, "task": task, "finished": finished})
+        atomic_write_json(path, manifest)
+
+
+def record_initial(path: Path, refs: dict[str, dict[str, str]]) -> None:
+    """Record what the run started from (its initial archive and adapter), the first time only: they
+    are written once, and later tasks check them against this record."""
+    with _lock:
+        manifest = read_manifest(path)
+        if manifest.get("initial"):
+            return
+        manifest["initial"] = refs
         atomic_write_json(path, manifest)
 
 

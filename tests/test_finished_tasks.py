@@ -36,11 +36,12 @@ def _outputs(run: Run) -> tuple[dict[str, str], list[tuple]]:
 @pytest.fixture(scope="module")
 def step0(tmp_path_factory: pytest.TempPathFactory, tiny_model_cache: Path, prefect_api: str) -> Path:
     """A toy run whose step 0 ran through the step flow (every task recorded in the manifest)."""
+    from flows import tasks
     from flows.step_flow import discovery_step
 
     config = parse_config(tiny_toy_config(tmp_path_factory.mktemp("finished") / "run", steps=2))
     run = steps.create_run(config)
-    steps.initialise(run)
+    tasks.initialise.fn(run)  # as the run flow does: written, and recorded in the manifest
     discovery_step(str(run.root), 0)
     return run.root
 
@@ -81,6 +82,49 @@ def test_an_output_changed_after_its_task_finished_stops_the_resume_naming_the_f
     rollouts.unlink()
     with pytest.raises(RunDirError, match="is missing"):
         run.finished_output("generate", 0)
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+@pytest.mark.parametrize(
+    ("damaged", "task"),
+    [("archive/0001.parquet", "select_parents"), ("checkpoints/0001/adapter/adapter_model.safetensors", "generate")],
+    ids=["archive", "adapter"],
+)
+def test_a_damaged_input_stops_its_task_in_one_line_naming_file_task_step_and_fix(run: Run, damaged: str, task: str) -> None:
+    """Step 1 reads the archive and the adapter step 0 wrote: truncated after step 0 finished, the
+    task about to read it stops at once, not retried, and `discover resume` says in one line which
+    file, which task of which step, and how to recompute it (never the parser's own error)."""
+    from cli.app import app
+
+    _truncate(run.root / damaged)
+    result = CliRunner().invoke(app, ["resume", str(run.root)])
+    assert result.exit_code != 0, result.output
+    last = result.output.strip().splitlines()[-1]
+    written = "checkpoints/0001" if task == "generate" else damaged  # a checkpoint is checked as the folder train wrote
+    assert last.startswith(f"error: {written}, the ") and f" {task} of step 1 reads, has changed" in last, result.output[-3000:]
+    assert "since update_archive of step 0 wrote it" in last or "since train of step 0 wrote it" in last, last
+    assert last.endswith(f"`discover resume {run.root} --redo-from 0`"), last
+    assert "Traceback" not in result.output and "Retrying" not in result.output, result.output[-3000:]
+    executions = _executions(run)
+    assert executions == [(0, t) for t in TASKS] + ([(1, "select_parents")] if task == "generate" else []), executions
+
+
+def test_a_damaged_initial_archive_is_named_with_its_fix(run: Run) -> None:
+    """The run's initial archive is written once, when the run starts (no step recomputes it): a
+    changed one is named with the two ways out."""
+    from flows.step_flow import discovery_step
+
+    run.redo_from(0)
+    _truncate(run.layout.archive(0))
+    with pytest.raises(
+        RunDirError,
+        match=r"^archive/0000.parquet, the archive select_parents of step 0 reads, has changed .* since the run started; "
+        r"restore it, or start the run again in a new directory",
+    ):
+        discovery_step(str(run.root), 0)
 
 
 def test_redo_from_moves_the_outputs_aside_and_recomputes_the_step(run: Run) -> None:
