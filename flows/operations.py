@@ -93,7 +93,49 @@ def setup(file: Path, silence_s: int) -> int:
 
     for line in ensure_automations(silence_s):
         print(f"automation {line}")
+    settings = _server_settings()
+    print(telemetry_line(settings))
+    print(ordering_line(settings))
     return 0
+
+
+def _server_settings() -> dict:
+    """The settings the Prefect server runs with, as its API reports them (GET /admin/settings)."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        answer = client.request("GET", "/admin/settings")
+        answer.raise_for_status()
+        return answer.json()
+
+
+def telemetry_line(settings: dict) -> str:
+    """What `discover setup` says of the server's telemetry (anonymous usage events sent to Prefect),
+    which only the server's own environment can turn off."""
+    if settings.get("server", {}).get("analytics_enabled") is False:
+        return "server telemetry: off"
+    return (
+        "server telemetry: ON: this Prefect server sends anonymous usage events to Prefect; restart it with "
+        "PREFECT_SERVER_ANALYTICS_ENABLED=false in its environment (or `prefect config set PREFECT_SERVER_ANALYTICS_ENABLED=false` "
+        "in the profile it starts from): docs/operations.md, Telemetry"
+    )
+
+
+def ordering_line(settings: dict) -> str:
+    """What `discover setup` says of the order in which the server's automations take events: with
+    Prefect's default, a run's state changes just after a restart of the server reach the recovery
+    automations 15 minutes late, too late to act on (flows/event_ordering.py)."""
+    from flows.recovery import SERVER_ORDERING
+
+    name, ours = SERVER_ORDERING
+    if settings.get("server", {}).get("events", {}).get("causal_ordering") == ours:
+        return f"server event ordering: {ours} (crashes just after a server restart are restarted on time)"
+    return (
+        f"server event ordering: Prefect's default: a run that crashes within minutes of a restart of the server is never "
+        f"restarted (its state changes reach the automations 15 minutes late); restart the server with {name}={ours} "
+        f"in its environment (or `prefect config set {name}={ours}` in "
+        "the profile it starts from, with this project installed where it runs): docs/operations.md, Start a server"
+    )
 
 
 def mark_crashed(flow_run_id: str) -> str:

@@ -48,6 +48,9 @@ SILENCE_S = 120  # no heartbeat for this long while RUNNING: the run's process i
 # the flow run showed no sign of life meanwhile; a later report finds the run CRASHED already, which
 # Prefect does not record again.
 RESTART_DELAY_S = 60
+# The Prefect server's setting under which its automations see a run's state changes on time after a
+# restart of the server (flows/event_ordering.py; Prefect's default holds them back 15 minutes, too late).
+SERVER_ORDERING = ("PREFECT_SERVER_EVENTS_CAUSAL_ORDERING", "flows.event_ordering")
 MAX_RESTARTS_WITHOUT_PROGRESS = 3
 CRASH_SILENT = "discover-crash-silent-runs"
 RESTART_CRASHED = "discover-restart-crashed-runs"
@@ -100,7 +103,12 @@ def automations(silence_s: int = SILENCE_S) -> list[Any]:
             match={"prefect.resource.id": "prefect.flow-run.*"},
             match_related={"prefect.resource.role": "flow", "prefect.resource.name": RESTARTED_FLOW},
             after={"prefect.flow-run.Crashed"},
-            expect={"prefect.flow-run.heartbeat", *alive, *ends - {"prefect.flow-run.Crashed"}},
+            # Crashed is also expected: a report that comes while the window of an earlier one is
+            # open starts a new window from itself (as heartbeats do in the rule above). Without it,
+            # a real crash within RESTART_DELAY_S of a false one (a live run marked CRASHED, then
+            # RUNNING again) was counted in the old window, already answered by the RUNNING, and
+            # never restarted (Prefect's `ensure_bucket` keeps an open window as it is).
+            expect={"prefect.flow-run.heartbeat", *alive, *ends},
             for_each={"prefect.resource.id"},
             posture=Posture.Proactive,  # once per crash, not per report of it (RESTART_DELAY_S)
             threshold=1,

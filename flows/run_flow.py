@@ -29,7 +29,7 @@ from flows.recovery import end_superseded_runs, guard_restarts
 from flows.server_api import server_client
 from flows.step_flow import run_step
 from flows.workers import resident_workers
-from flows.writer import writer_lease
+from flows.writer import after_last_boundary, writer_lease
 from storage.lease import RunBusy
 
 log = logging.getLogger("discover")
@@ -96,6 +96,7 @@ def discovery_run(run_dir: str | None = None, config: RunConfig | None = None, c
                     run_step(run, step, task_runner())
                     _quietly(artifacts.publish_step, run, step)
         report = _quietly(artifacts.publish_report, run)
+        after_last_boundary(run)  # a cancel that came too late to stop anything: the run is COMPLETED
     best = steps.best_state(run)
     log.info("best state %s: reward %.6f", best.id, best.reward)
     return {"run_dir": str(run.root), "best_state": best.id, "best_reward": best.reward, "report": str(report) if report else None}

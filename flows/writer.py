@@ -148,3 +148,22 @@ def at_task_boundary(run: Run, what: str) -> None:
             reason = f"this process ({me}) is alive and holds {run.root}; the server's {state.value} was a late report"
             client.set_flow_run_state(flow_run.id, Running(message=reason), force=True)
             log.warning("flow run %s was %s on the server while it runs: set RUNNING again (%s)", flow_run.name, state.value, reason)
+
+
+def after_last_boundary(run: Run) -> None:
+    """The run finished its last step: a cancel that came after its last task boundary stopped
+    nothing, so the flow run is set RUNNING again for its COMPLETED to be recorded (Prefect's server
+    accepts only CANCELLED after CANCELLING, and would mark the finished run cancelled)."""
+    holder = _holder.get()
+    if not holder:
+        return
+    from prefect.client.schemas.objects import StateType
+    from prefect.states import Running
+
+    with server_client("recording that the run finished") as client:
+        flow_run = client.read_flow_run(holder)
+        if flow_run.state is None or flow_run.state.type is not StateType.CANCELLING:
+            return
+        reason = "the cancel came after the run's last task boundary: nothing was left to stop, and the run completed"
+        client.set_flow_run_state(flow_run.id, Running(message=reason), force=True)
+        log.warning("flow run %s of %s was cancelled after its last task: %s", flow_run.name, run.root, reason)

@@ -27,6 +27,10 @@ REPO = Path(__file__).resolve().parents[1]
 # with rlimits alone so the suite still runs; tests of the tree bound (tests/test_hostile_process.py)
 # ask for it explicitly and skip with the reason where there is none.
 os.environ.setdefault("DISCOVER_ALLOW_UNBOUNDED_PROCESS_TREE", "1")
+# One intra-op thread per test process (before torch is imported): `make test` runs more xdist workers
+# than there are cores, and torch's default of a thread per core, each spinning at its barriers, made
+# a test's in-process training steps 3-10 times slower beside two CPU hogs (1 thread: 1.5-3 times).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 # Every Ray of the suite is on the loopback, without Ray's token authentication. Set for the whole session,
 # before any ray.init: the first ray.init of a process fixes its authentication mode (a local instance
 # turns token mode on and leaves RAY_AUTH_MODE=token set), so a driver that joined the loopback cluster
@@ -177,13 +181,18 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_prefect_server(home: Path, port: int | None = None) -> dict:
-    """A real Prefect server on loopback (SQLite in `home`; on `port`, else a free one), in a session
-    of its own: its API URL and process group, once it answers."""
+def start_prefect_server(home: Path, port: int | None = None, database: str | None = None) -> dict:
+    """A real Prefect server on loopback (SQLite in `home`, or the `database` URL: tests/postgres.py;
+    on `port`, else a free one), in a session of its own: its API URL and process group, once it answers."""
     port = port or free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_UI_ENABLED="false")
     env.update(PREFECT_SERVER_DATABASE_TIMEOUT=SQLITE_BUSY_TIMEOUT_S)
+    from flows.recovery import SERVER_ORDERING
+
+    env[SERVER_ORDERING[0]] = SERVER_ORDERING[1]  # as docs/operations.md starts one: automations on time after a restart
+    if database is not None:
+        env.update(PREFECT_API_DATABASE_CONNECTION_URL=database)
     prefect = Path(sys.executable).parent / "prefect"
     with open(home / "server.log", "a") as log:
         proc = subprocess.Popen(

@@ -12,6 +12,7 @@ tests/faults/sitecustomize.py (DISCOVER_HOLD_AT, released by RUN_DIR/.release).
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -204,13 +205,39 @@ def test_one_writer_per_run_directory(tmp_path: Path, cli_env: dict[str, str], p
     (cancel_dir / ".release").unlink()
     (cancel_dir / ".held").unlink()
     # 4. resume, then resume again while the first works: the second is refused, naming the first
+    # and a cancel after the resumed run's last task boundary (it holds inside train of the last step)
+    # stops nothing: the run completes and its flow run is COMPLETED, not marked cancelled
     resumed = _discover(["resume", str(cancel_dir)], cli_env, DISCOVER_HOLD_AT="train:1:start")
     pid = _wait_held(cancel_dir, resumed)
     code, out = _finish(_discover(["resume", str(cancel_dir)], cli_env, DISCOVER_LEASE_WAIT_S="2"))
     assert code != 0 and f"is being worked on by pid {pid} on " in out, out[-3000:]
+    (late,) = [r for r in _flow_runs(prefect_server, cancel_dir) if r["state_type"] == "RUNNING"]
+    _set_state(prefect_server, late["id"], "CANCELLING")
     _release(cancel_dir)
     code, out = _finish(resumed)
     assert code == 0, out[-3000:]
+    assert "was cancelled after its last task" in out, out[-3000:]
+    assert [r["state_type"] for r in _flow_runs(prefect_server, cancel_dir) if r["id"] == late["id"]] == ["COMPLETED"]
     assert [w["outcome"] for w in read_writers(cancel_dir)] == ["writer", "writer", "refused"]
     assert _executions(cancel_dir) == every_task_once
     assert archive_records(cancel_dir / "archive" / "0002.parquet") == reference
+
+    # 5. A copy of a live run directory (`cp -a`) resumed while the original works: the copy is a
+    # writer of its own (its own writer.lock) that never touches the original's flow run, and the
+    # original completes untouched; both archives are an uninterrupted run's.
+    live_dir, copy_dir = tmp_path / "live", tmp_path / "copied" / "live"
+    live = _discover(["run", str(config("live"))], cli_env, DISCOVER_HOLD_AT="evaluate:1:start")
+    _wait_held(live_dir, live)
+    (original,) = _flow_runs(prefect_server, live_dir)
+    shutil.copytree(live_dir, copy_dir, symlinks=True)
+    (copy_dir / ".held").unlink()  # the test's own marker, not the run's
+    code, out = _finish(_discover(["resume", str(copy_dir)], cli_env))
+    assert code == 0 and "superseded" not in out, out[-3000:]
+    assert [r["state_type"] for r in _flow_runs(prefect_server, live_dir) if r["id"] == original["id"]] == ["RUNNING"]
+    _release(live_dir)
+    code, out = _finish(live)
+    assert code == 0, out[-3000:]
+    assert [r["state_type"] for r in _flow_runs(prefect_server, live_dir) if r["id"] == original["id"]] == ["COMPLETED"]
+    for run_dir in (live_dir, copy_dir):
+        assert _executions(run_dir) == every_task_once, run_dir
+        assert archive_records(run_dir / "archive" / "0002.parquet") == reference, run_dir

@@ -63,7 +63,9 @@ def test_the_automations_watch_heartbeats_and_restart_only_discovery_runs() -> N
     # and a heartbeat or a new state of the flow run meanwhile (a live attempt) cancels it
     assert restart.trigger.after == {"prefect.flow-run.Crashed"} and restart.trigger.posture == Posture.Proactive
     assert {"prefect.flow-run.heartbeat", "prefect.flow-run.Running"} <= restart.trigger.expect
-    assert "prefect.flow-run.Crashed" not in restart.trigger.expect and restart.trigger.for_each == {"prefect.resource.id"}
+    # a later Crashed report starts a new window from itself (a real crash soon after a false one:
+    # tests/test_restart_automation.py), as a heartbeat does for the silence rule
+    assert "prefect.flow-run.Crashed" in restart.trigger.expect and restart.trigger.for_each == {"prefect.resource.id"}
     assert restart.trigger.match_related["prefect.resource.name"] in ("discovery-run", ["discovery-run"])
     with pytest.raises(ValueError, match="too close to the 30 s between heartbeats"):
         recovery.automations(31)
@@ -239,3 +241,29 @@ def test_every_pool_runs_its_flow_runs_with_the_runs_heartbeats_and_client_retri
         env = pool["job_variables"]["env"]
         assert env.get("PREFECT_FLOWS_HEARTBEAT_FREQUENCY") == str(HEARTBEAT_S), name
         assert env.get("PREFECT_CLIENT_MAX_RETRIES") == str(CLIENT_RETRIES), name
+
+
+def test_setup_says_whether_the_server_sends_telemetry_and_how_to_stop_it() -> None:
+    from flows.operations import telemetry_line
+
+    assert telemetry_line({"server": {"analytics_enabled": False}}) == "server telemetry: off"
+    on = telemetry_line({"server": {"analytics_enabled": True}})
+    assert on.startswith("server telemetry: ON") and "PREFECT_SERVER_ANALYTICS_ENABLED=false" in on
+    assert telemetry_line({}).startswith("server telemetry: ON")  # a server that does not say: assume Prefect's default, on
+
+
+def test_setup_reads_the_servers_own_telemetry_setting(prefect_api: str) -> None:
+    """The suite's server runs with telemetry off (tests/conftest.py), and the API says so."""
+    from flows.operations import _server_settings, telemetry_line
+
+    assert telemetry_line(_server_settings()) == "server telemetry: off"
+
+
+def test_setup_says_whether_the_server_takes_events_in_an_order_that_survives_its_restart(prefect_api: str) -> None:
+    """The suite's server runs with flows.event_ordering (tests/conftest.py, as docs/operations.md
+    starts one); a server on Prefect's default is told how to change it."""
+    from flows.operations import _server_settings, ordering_line
+
+    assert ordering_line(_server_settings()).startswith("server event ordering: flows.event_ordering")
+    default = ordering_line({"server": {"events": {"causal_ordering": "prefect.server.events.ordering.memory"}}})
+    assert "never restarted" in default and "PREFECT_SERVER_EVENTS_CAUSAL_ORDERING=flows.event_ordering" in default

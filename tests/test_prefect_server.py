@@ -107,9 +107,20 @@ class Processes:
             pass
         proc.wait(timeout=30)
 
-    def kill_all(self) -> None:
+    def kill_all(self, api: str) -> None:
+        """Every process started here, then the flow runs their workers started (each in a session of
+        its own: a killed worker leaves them, calling a server that is gone): those whose
+        environment names `api`."""
         for name in list(self.procs):
             self.kill(name)
+        mark = f"PREFECT_API_URL={api}".encode()
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    if mark in f.read().split(b"\0"):
+                        os.kill(int(pid), signal.SIGKILL)
+            except OSError:
+                pass
 
 
 def test_deployments_workers_automatic_recovery_and_a_schedule_that_fires(tmp_path: Path, tiny_model_cache: Path) -> None:
@@ -216,6 +227,7 @@ def _production_shape(tmp_path: Path, tiny_model_cache: Path, database: str) -> 
         # The automations notice a run silent for SILENCE_S; the test's is short (heartbeats every 30 s).
         setup = discover("setup", "--silence", str(SILENCE_S))
         assert "discover-crash-silent-runs (created)" in setup and "discover-restart-crashed-runs (created)" in setup, setup
+        assert "server telemetry: off" in setup, setup  # as the server section of docs/operations.md starts it
         prefect("deploy", "--all")
 
         worker_cmd = [str(BIN / "prefect"), "worker", "start", "--pool", "discover-process", "--type", "process"]
@@ -355,5 +367,5 @@ def _production_shape(tmp_path: Path, tiny_model_cache: Path, database: str) -> 
         limit = http.get(f"{api}/v2/concurrency_limits/gpu-h100").json()
         assert limit["limit"] == 8 and limit["active_slots"] == 0  # slots taken per candidate, all given back
     finally:
-        procs.kill_all()
+        procs.kill_all(api)
         http.close()
