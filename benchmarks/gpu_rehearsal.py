@@ -7,7 +7,8 @@ one call of at most 10 minutes, and whatever fails there before the GPU is reach
 lost. This runs the first call's parts (`gpu_check.FIRST_CALL`) as that call runs them, as far as a
 machine without a GPU can take them:
 
-1. A virtual environment of the image's packages only (.cache/gpu-rehearsal/venv): the
+1. A virtual environment of the image's packages only (~/.cache/ttt-discover/gpu-rehearsal/venv, kept
+   between runs, or DISCOVER_REHEARSAL_DIR/venv): the
    distributions the parts import, at the image's versions where the list gives them (else the
    newest release before the list was read, `IMAGE_READ`), with no project lock involved; then the
    wheels the first call carries (benchmarks/first_call_wheels.txt) installed the way the call
@@ -66,7 +67,13 @@ import gpu_check  # noqa: E402
 IMAGE_LIST = HERE / "device_image.txt"
 FIRST_CALL_WHEELS = HERE / "first_call_wheels.txt"
 CARRIED = ROOT / ".whl" / "first-call"  # the folder the real first call carries (device `carry`), git-ignored
-WORK = ROOT / ".cache" / "gpu-rehearsal"
+# The image's environment (5 GB, hard links into uv's cache) is kept between runs and clones, in the
+# user's cache, rebuilt whenever what it must hold changes (its stamp, venv.requirements): building it
+# (and compiling its bytecode, as pip does in the image) was most of the rehearsal's time.
+WORK = Path(
+    os.environ.get("DISCOVER_REHEARSAL_DIR")
+    or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "ttt-discover", "gpu-rehearsal")
+)
 SHIM = HERE / "rehearsal_site"  # sitecustomize.py and bin/nvidia-smi
 IMAGE_READ = "2026-11-18"  # the image's list was read on 2026-11-17: an unversioned package is taken as of then
 DEVICE_PYTHON = "3.12"  # the lent machine's (3.12.3)
