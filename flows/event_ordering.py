@@ -24,6 +24,9 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import os
+import time
+from pathlib import Path
 from uuid import UUID
 
 from prefect.server.events.ordering import memory
@@ -31,8 +34,24 @@ from prefect.server.events.schemas.events import Event
 
 log = logging.getLogger("prefect.server.events.ordering")
 
-# When this server process started taking events: the triggers service imports this module as it starts.
-STARTED = dt.datetime.now(dt.UTC)
+
+def process_started() -> dt.datetime:
+    """When this process started, to 10 ms (Linux: its start in clock ticks since boot, against the
+    boot clock), rounded down; where that cannot be read, now. Not the time this module is imported:
+    the triggers service imports it after it has loaded the automations, and on a busy server the
+    first state changes are made before that; counted as processed, they were dropped unevaluated (a
+    crash reported seconds after a restart of the server was never restarted)."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        started_s = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22 of proc(5): starttime
+        age_s = time.clock_gettime(time.CLOCK_BOOTTIME) - started_s
+    except (OSError, ValueError, IndexError, AttributeError):
+        return dt.datetime.now(dt.UTC)
+    return dt.datetime.fromtimestamp(time.time() - max(age_s, 0.0) - 0.01, dt.UTC)
+
+
+# When this server process started: an event made before it was made by an earlier process.
+STARTED = process_started()
 
 
 class CausalOrdering(memory.CausalOrdering):

@@ -29,3 +29,24 @@ def test_an_event_made_before_the_server_started_counts_as_processed_and_a_newer
     ordering = event_ordering.CausalOrdering(scope="test-event-ordering")
     assert asyncio.run(ordering.event_has_been_seen(before))
     assert not asyncio.run(ordering.event_has_been_seen(after))
+
+
+def test_an_event_made_after_the_server_started_but_before_the_ordering_was_imported_is_not_taken_as_processed() -> None:
+    """The triggers service imports the ordering only after it has loaded the automations; a state
+    change made in between (a crash reported just after a restart of the server) must still be
+    evaluated, so "started" is the process's start, not the import of the module."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import time, uuid\n"
+        "from prefect._internal.uuid7 import uuid7\n"
+        "made = uuid7(); time.sleep(0.5)\n"
+        "from flows import event_ordering\n"
+        "print(event_ordering.made_before(made, event_ordering.STARTED))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, cwd=event_ordering.__file__.rsplit("/flows/", 1)[0]
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False", done.stdout
