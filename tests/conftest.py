@@ -64,7 +64,11 @@ def published() -> Path:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """The controlling process (the only one without pytest-xdist) makes the folder its workers share."""
+    """The controlling process (the only one without pytest-xdist) makes the folder its workers share.
+    With `DISCOVER_TEST_CPU_LOG` set, each test's wall and CPU time is logged (tests/cpu_accounting.py)."""
+    from tests import cpu_accounting
+
+    cpu_accounting.register(config)
     if not hasattr(config, "workerinput"):
         shared.begin()
 
