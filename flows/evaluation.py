@@ -23,6 +23,7 @@ from prefect.cache_policies import NO_CACHE
 
 from discover.evaluation import CandidateJob, Resources, StepEvaluation, Unplaceable, run_job
 from discover.run import Run, RunDirError
+from flows import retry_cause
 from flows.engines import resource_request, unplaceable
 from storage.atomic import DiskFull
 
@@ -39,13 +40,19 @@ _NO_RETRY = (ValueError, KeyError, TypeError, RunDirError, DiskFull, Unplaceable
 
 
 def retry_infrastructure_only(task: Any, task_run: Any, state: Any) -> bool:
+    """Prefect's retry condition of the step's tasks: retry a failure of infrastructure, and give its
+    retry state the cause (flows/retry_cause.py)."""
     try:
         state.result()
     except _NO_RETRY:
         return False
-    except Exception:
+    except Exception as err:
+        retry_cause.note(err)
         return True
     return False
+
+
+retry_cause.install()
 
 
 def _gpu_slot(job: CandidateJob) -> AbstractContextManager[Any]:

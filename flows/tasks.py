@@ -67,7 +67,7 @@ def _prefect_task(spec: StepTask) -> Task[..., Ref]:
             run.check_inputs(spec, step)  # a damaged input is said in one line, not as its parser's error retried
             ref = steps.step_function(spec)(run, step, **extra)
         except Exception as err:
-            # the cause in the run's logs (flows/logs.py) at ERROR: Prefect's AwaitingRetry state carries no message
+            # the cause in the run's logs (flows/logs.py) at ERROR, and on the retry state (flows/retry_cause.py)
             log.error("step %d %s failed: %s: %s", step, spec.name, type(err).__name__, err)
             raise
         record_task(run.layout.manifest, step, spec.name, ref, started, time.time())
