@@ -294,10 +294,12 @@ def archive_records(path: Path) -> tuple[list[dict], int]:
     return [dataclasses.asdict(s) for s in archive.states.values()], archive.total_expansions
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")  # stopped when tests/test_ray_cluster.py ends: an idle cluster still burns CPU
 def ray_cluster(tiny_model_cache: Path, prefect_server: str):
-    """One Ray cluster of three nodes on the loopback (a head and two workers, 2 CPUs each) for every
-    Ray test of the session (tests/ray_cluster.py); skipped where Ray (the `ray` extra) is missing.
+    """One Ray cluster of three nodes on the loopback (a head and two workers, 2 CPUs each) for the
+    tests of a module (tests/ray_cluster.py; one xdist group, so one worker runs them all in a row);
+    skipped where Ray (the `ray` extra) is missing. Module-scoped: stopped as soon as they are done,
+    for its idle nodes (GCS, raylets, agents) take several percent of a CPU each.
 
     Its processes get the tiny model's cache, the session's Prefect server and one torch thread
     (fault injection goes to a test's own workers, through its connection's runtime_env: on

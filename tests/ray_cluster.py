@@ -52,6 +52,9 @@ class LoopbackRayCluster:
             "--num-gpus=0",
             f"--object-store-memory={OBJECT_STORE_BYTES}",
             "--disable-usage-stats",
+            # no log monitor: every driver connects with log_to_driver=False, so the node's workers'
+            # logs would be published to no one, by a Python process that polls them all the time
+            "--include-log-monitor=False",
             f"--dashboard-agent-listen-port={free_port()}",
             f"--metrics-export-port={free_port()}",
             f"--min-worker-port={base}",
