@@ -30,21 +30,36 @@ VERSIONS = {"torch": "2.11.0", "triton": "3.6.0"}
         {"calls": [{"set": "tests", "shape": "0"}]},
         [],
         {"versions": "x", "calls": []},
+        {"calls": [], "benchmarks": 1},  # found by benchmarks/fuzz_parsers.py: was a TypeError
     ],
-    ids=["calls-not-a-list", "call-not-an-object", "call-without-kind", "shape-not-a-number", "not-an-object", "versions"],
+    ids=[
+        "calls-not-a-list",
+        "call-not-an-object",
+        "call-without-kind",
+        "shape-not-a-number",
+        "not-an-object",
+        "versions",
+        "benchmarks-not-a-list",
+    ],
 )
 def test_a_malformed_driver_report_is_a_reason_not_an_exception(report: object) -> None:
     why = verdict.report_problem(JOB, report)  # type: ignore[arg-type]
     assert isinstance(why, str) and why
 
 
-def test_a_timed_call_too_large_for_a_float_has_no_positive_time() -> None:
+@pytest.mark.parametrize(
+    "ms", [10**400, 1e300, verdict.MAX_CALL_MS * 1.001, 0, -1.0], ids=["over-a-float", "huge", "over-an-hour", "zero", "negative"]
+)
+def test_a_timed_call_without_a_time_a_call_can_take_is_refused_before_anything_is_computed_from_it(ms: float) -> None:
+    """A time of 1e300 ms once passed and overflowed the spread's squares (OverflowError: found by
+    benchmarks/fuzz_parsers.py); a time is positive and at most an hour."""
     calls = [
         {"set": "tests", "shape": 0, "kind": "test"},
         {"set": "benchmarks", "shape": 0, "kind": "warmup"},
-        {"set": "benchmarks", "shape": 0, "kind": "timed", "seed": 1, "ms": 10**400},
+        {"set": "benchmarks", "shape": 0, "kind": "timed", "seed": 1, "ms": ms},
     ]
-    assert verdict.report_problem(JOB, {"calls": calls, "versions": VERSIONS}) == "benchmark shape 0: a timed call has no positive time"
+    why = verdict.report_problem(JOB, {"calls": calls, "versions": VERSIONS})
+    assert why == "benchmark shape 0: a timed call has no time between 0 and 3.6e+06 ms"
     calls[-1]["ms"] = 0.25
     assert verdict.report_problem(JOB, {"calls": calls, "versions": VERSIONS}) == ""
     assert verdict.runtimes_us(JOB, {"calls": calls}) == [250.0]

@@ -26,12 +26,18 @@ def geometric_mean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
+# No timed call of an evaluation lasts longer (its whole run has a time limit of minutes): a larger
+# time is made up, and would overflow the spread's squares (OverflowError, found by fuzzing)
+MAX_CALL_MS = 3_600_000.0
+
+
 def _finite_ms(value: object) -> bool:
-    """A time the driver reported: a finite positive number (a JSON integer too large for a float is not)."""
+    """A time the driver reported: a positive number of at most MAX_CALL_MS (a JSON integer too
+    large for a float is not one)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return False
     try:
-        return math.isfinite(float(value)) and float(value) > 0
+        return 0 < float(value) <= MAX_CALL_MS
     except OverflowError:
         return False
 
@@ -51,7 +57,10 @@ def malformed(report: object) -> str:
     versions = report.get("versions")
     if versions is not None and not (isinstance(versions, dict) and all(isinstance(versions.get(k), str) for k in ("torch", "triton"))):
         return "the driver's report names no torch and triton versions"
-    if not all(isinstance(b, dict) for b in report.get("benchmarks") or []):
+    benchmarks = report.get("benchmarks")
+    if benchmarks is not None and not isinstance(benchmarks, list):
+        return "the driver's report holds no list of benchmarks"
+    if not all(isinstance(b, dict) for b in benchmarks or []):
         return "the driver's report holds a benchmark that is not an object"
     return ""
 
@@ -80,7 +89,7 @@ def report_problem(job: dict, report: dict) -> str:
         if len({repr(c.get("seed")) for c in timed}) != len(timed):  # repr: a seed the report made a list is still compared
             return f"benchmark shape {i}: timed calls repeated an input seed (every call must get fresh inputs)"
         if any(not _finite_ms(c.get("ms")) for c in timed):
-            return f"benchmark shape {i}: a timed call has no positive time"
+            return f"benchmark shape {i}: a timed call has no time between 0 and {MAX_CALL_MS:g} ms"
     return ""
 
 
