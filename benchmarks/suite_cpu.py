@@ -1,7 +1,7 @@
 """Where `make test`'s time goes: per test file, its wall time and the CPU time of everything it ran.
 
     python benchmarks/suite_cpu.py [--workers N] [--hogs N] [--out DIR] [--label NAME] [PYTEST_ARGS...]
-    python benchmarks/suite_cpu.py --summarise LOG.jsonl [--out DIR] [--label NAME]
+    python benchmarks/suite_cpu.py --summarise LOG.jsonl [--elapsed-s S] [--returncode N] [--out DIR] [--label NAME]
 
 Runs the suite as `make test` runs pytest (`-n TEST_WORKERS --dist loadgroup`) with
 `DISCOVER_TEST_CPU_LOG` set (tests/cpu_accounting.py: each worker in a cgroup of its own, every
@@ -10,7 +10,9 @@ check does), and prints per file: tests, wall seconds (summed over its tests), C
 per wall second: near 1 a file computes, near 0 it waits (on servers, restarts, sleeps, or a CPU).
 Also the whole run: elapsed, the machine's busy CPU seconds, and how much of it the tests' cgroups
 and Docker's containers account for. Needs root (it makes cgroups). With --out, writes
-suite_cpu[-LABEL].json (every test's record) and .md.
+suite_cpu[-LABEL].json (every test's record) and .md. `--summarise` reads the log of a run made
+otherwise (`DISCOVER_TEST_CPU_LOG=LOG bash .ci/run` from a fresh clone), whose elapsed time and exit
+code are then given.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ def summarise(records: list[dict], run: dict, label: str) -> str:
         f"{run['hogs']} CPU hogs beside it, revision {run['revision']}.",
         "",
         f"- pytest: {run['elapsed_s']:.0f} s elapsed, exit code {run['returncode']}, {len(records)} tests",
-        f"- the machine's busy CPU over the run: {run['machine_busy_s']:.0f} s "
+        f"- the machine's busy CPU over the run: {run['machine_busy_s']:.0f} s (0: not measured) "
         f"(of {run['elapsed_s'] * run['cpus']:.0f} s available); the tests' own cgroups: {total_cpu:.0f} s",
         "",
         "Per file, by CPU seconds (wall: summed over its tests; CPU/wall near 0: waiting, near 1 or more: computing;",
@@ -75,12 +77,14 @@ def main() -> int:
     parser.add_argument("--out", type=Path, help="write suite_cpu[-LABEL].json and .md here")
     parser.add_argument("--label", default="")
     parser.add_argument("--summarise", type=Path, help="summarise this log of an earlier run instead of running")
+    parser.add_argument("--elapsed-s", type=float, default=0.0, help="with --summarise: pytest's elapsed seconds in that run")
+    parser.add_argument("--returncode", type=int, default=None, help="with --summarise: that run's exit code")
     args, pytest_args = parser.parse_known_args()
     revision = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
     run = {"machine": platform.node(), "cpus": os.cpu_count(), "workers": args.workers, "hogs": args.hogs, "revision": revision}
     if args.summarise:
         log = args.summarise
-        run.update(elapsed_s=0.0, returncode=None, machine_busy_s=0.0)
+        run.update(elapsed_s=args.elapsed_s, returncode=args.returncode, machine_busy_s=0.0)
     else:
         log = Path(tempfile.mkdtemp(prefix="suite-cpu-")) / "tests.jsonl"
         hogs = [subprocess.Popen(["yes"], stdout=subprocess.DEVNULL, start_new_session=True) for _ in range(args.hogs)]
