@@ -110,3 +110,15 @@ def test_an_atcoder_evaluation_that_ran_no_case_is_invalid_with_a_reason(compile
     result = problem.evaluate("int main() {}", None, _NoCaseRan(compiled))
     assert not result.valid and result.reward == 0.0
     assert result.reason == ("only 0 of 2 cases ran" if compiled else "compile error")
+
+
+@pytest.mark.parametrize("checked", [{"failure": "\r"}, {"error": "  \n"}, {"failure": ["not", "text"]}], ids=["cr", "blank", "a-list"])
+def test_a_checker_failure_without_words_still_gives_a_verdict_with_a_reason(checked: dict) -> None:
+    """A failure of "\\r" made an invalid verdict with a blank reason (found by benchmarks/fuzz_parsers.py)."""
+    calls = [
+        {"set": "tests", "shape": 0, "kind": "test"},
+        {"set": "benchmarks", "shape": 0, "kind": "warmup"},
+        {"set": "benchmarks", "shape": 0, "kind": "timed", "seed": 1, "ms": 0.25},
+    ]
+    result = verdict.timed_verdict(JOB, {"calls": calls, "versions": VERSIONS}, checked, "")
+    assert not result.valid and result.reason.strip(), result

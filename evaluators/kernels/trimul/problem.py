@@ -241,7 +241,7 @@ class TriMulProblem(BaseProblem):
         why = verdict.report_problem(job, report)
         if not why:
             checked, why = self._judge_samples(job, report, sandbox, device)
-            why = why or checked.get("error") or checked.get("failure") or ""
+            why = why or verdict.checker_failure(checked)
             if not why and checked.get("checked") != len(report["calls"]):
                 why = f"the checker judged {checked.get('checked')} of {len(report['calls'])} calls"
         if why:

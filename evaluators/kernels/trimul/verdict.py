@@ -134,13 +134,23 @@ def describe(shape: dict) -> str:
     return f"B={shape['bs']} N={shape['seqlen']} C={shape['dim']} H={shape['hiddendim']}, {shape['distribution']}, {mask}"
 
 
+def checker_failure(checked: dict) -> str:
+    """What the checker reported wrong (its error, else its failure), or "": a blank one (found by
+    fuzzing: a failure of "\\r" made an invalid verdict without a reason) is said as such."""
+    said = checked.get("error") or checked.get("failure")
+    if not said:
+        return ""
+    return str(said).strip()[:2000] or "the checker reported a failure without saying which"
+
+
 def timed_verdict(job: dict, report: dict, checked: dict, logs: str) -> EvalResult:
     """The verdict of a GPU evaluation whose driver and checker both ran."""
     why = report_problem(job, report)
     if why:
         return EvalResult.invalid(why, observation=logs)
-    if checked.get("error") or checked.get("failure"):
-        return EvalResult.invalid(checked.get("error") or checked["failure"], observation=logs)
+    why = checker_failure(checked)
+    if why:
+        return EvalResult.invalid(why, observation=logs)
     if checked.get("checked") != len(report["calls"]):
         return EvalResult.invalid(f"the checker judged {checked.get('checked')} of {len(report['calls'])} calls", observation=logs)
     gpu = str(checked.get("gpu") or (report.get("gpu") or {}).get("name") or "")
