@@ -36,7 +36,7 @@ SOURCES = [str(REPO / d) for d in ("discover", "evaluators", "storage")]
 
 
 def covered_functions(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every function coverage.py saw entered, from its JSON report, fullest first within a file."""
+    """Every function coverage.py saw entered, from its JSON report, by file and in its order there."""
     out = []
     for path, data in sorted(report["files"].items()):
         for name, fn in data.get("functions", {}).items():
