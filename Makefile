@@ -68,11 +68,13 @@ format: setup
 # The sandbox's tools, PostgreSQL, the images, lint and the type check, then every test
 # (tests/test_imports.py runs import-linter's floor contracts; tests/test_gpu_rehearsal.py runs the GPU
 # check's rehearsal, `make gpu-check REHEARSE=1`), on TEST_WORKERS pytest-xdist workers: most of the
-# suite's time is spent waiting on servers, subprocesses and restarts, which workers overlap.
+# suite's time is spent waiting on servers, subprocesses and restarts, which workers overlap. The tests
+# marked `exclusive` (they load every CPU, or are judged by the CPU they get) run after, alone.
 # Then, when root, the isolation tests again as a normal user (tests/as_normal_user.py).
 TEST_WORKERS ?= 3
 test: setup sandbox-tools test-services test-images lint typecheck
-	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=30
+	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=30 -m "not exclusive"
+	$(VENV)/bin/python -m pytest -q -m exclusive
 	$(VENV)/bin/python tests/as_normal_user.py
 
 # Every GPU test and benchmark in one go, one results file: benchmarks/results/gpu-<date>-<gpu>.json

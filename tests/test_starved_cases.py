@@ -8,7 +8,9 @@ infrastructure failure (retried by the engine), never a zero reward.
 The tests make the host busy themselves: HOGS_PER_CPU spinning processes on every CPU of this
 machine, each in a session of its own (so the kernel's autogroup scheduling counts each apart, as
 it does the processes of separate jobs), so the program gets a small share of whichever CPU it is
-given, whatever else runs."""
+given, whatever else runs. Those hogs take every CPU from whatever else runs beside them, and a load
+from elsewhere moves what these tests see: the module is `exclusive` (pyproject.toml), run alone after
+the others by `make test`, never beside other tests' workers (the `busy_host` fixture refuses)."""
 
 from __future__ import annotations
 
@@ -43,10 +45,20 @@ int main() { sleep(1000); return 0; }
 """
 LIMITS = NativeLimits(cpu_s=2.0, memory_mb=256, parallel=1)
 
+pytestmark = pytest.mark.exclusive
+
 
 @pytest.fixture
 def busy_host():
-    """HOGS_PER_CPU spinning processes on each CPU this process may use, ended after the test."""
+    """HOGS_PER_CPU spinning processes on each CPU this process may use, ended after the test. Never
+    beside other pytest-xdist workers: their tests would be starved too (and time out), and their load
+    would be this test's."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        pytest.fail(
+            f"this test loads every CPU and must run alone, not beside {workers - 1} other pytest-xdist worker(s): "
+            "`pytest -m exclusive` (as `make test` does)"
+        )
     hogs = []
     for cpu in sorted(os.sched_getaffinity(0)):
         for _ in range(HOGS_PER_CPU):

@@ -444,10 +444,13 @@ class Child:
 
 
 def tree_usage(root):
-    """(wait, cpu) of `root`'s process tree: the longest time any of its tasks spent runnable but
-    waiting for a CPU (the kernel's schedstat run_delay), and the CPU seconds its processes used
+    """(wait, cpu) of `root`'s process tree: the time its tasks spent runnable but waiting for a CPU
+    (the kernel's schedstat run_delay), summed over them, and the CPU seconds its processes used
     (their own and that of the children they reaped), both in seconds; waits are 0.0 where the
-    kernel does not say (gVisor)."""
+    kernel does not say (gVisor). Summed, not the longest: the processes of a chain (bubblewrap's,
+    the launcher, the program) wait one after the other, and the longest of them alone undercounts
+    a program that was starved before it started as well; tasks that waited at once are bounded by
+    the CPU the tree did not get (`starved_deadline`)."""
     tick = os.sysconf("SC_CLK_TCK")
     children, cpu_of = {}, {}
     for name in os.listdir("/proc"):
@@ -462,7 +465,7 @@ def tree_usage(root):
         except (OSError, ValueError, IndexError):
             continue
         children.setdefault(ppid, []).append(int(name))
-    longest, used, todo, seen = 0, 0.0, [root], set()
+    waited, used, todo, seen = 0, 0.0, [root], set()
     while todo:
         pid = todo.pop()
         if pid in seen:
@@ -477,10 +480,10 @@ def tree_usage(root):
         for tid in tasks:
             try:
                 with open("/proc/%d/task/%s/schedstat" % (pid, tid)) as f:
-                    longest = max(longest, int(f.read().split()[1]))
+                    waited += int(f.read().split()[1])
             except (OSError, ValueError, IndexError):
                 pass
-    return longest / 1e9, used
+    return waited / 1e9, used
 
 
 def starved_deadline(pid, start, limit_s, cap_s, deadline, cpus=1.0, counted=None):
