@@ -7,12 +7,18 @@ database is migrated first); Prefect's own default wait is 20 s, after which a r
 "Timed out while attempting to connect to ephemeral Prefect API server". A run must never fail
 for that, so the wait here is DEFAULT_STARTUP_TIMEOUT_S unless the user set Prefect's setting
 PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS themselves.
+
+Prefect stops its temporary server at the interpreter's exit (atexit), which a killed command
+(SIGKILL, the OOM killer, a job scheduler's timeout) never reaches: the server, its SQLite database
+and its port would outlive it. A small watcher process started beside it ends it then.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -22,6 +28,25 @@ DEFAULT_STARTUP_TIMEOUT_S = 600
 PROGRESS_EVERY_S = 15.0
 
 log = logging.getLogger("discover")
+
+# Run as `python -c WATCH <our pid> <server pid>`: waits (on pidfds: no pid reuse) until this command or
+# the server ends, then ends the server (SIGTERM, as Prefect's own stop does). Ctrl-C reaches the whole
+# foreground process group: the watcher ignores it and goes on watching.
+WATCH = """
+import os, select, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+server = os.pidfd_open(int(sys.argv[2]))
+try:
+    us = os.pidfd_open(int(sys.argv[1]))
+except ProcessLookupError:
+    us = None
+if us is not None:
+    select.select([us, server], [], [])
+try:
+    signal.pidfd_send_signal(server, signal.SIGTERM)
+except ProcessLookupError:
+    pass
+"""
 
 
 def startup_timeout() -> int:
@@ -73,5 +98,17 @@ def ensure_prefect_api() -> str:
     what = "Prefect's temporary API server"
     log.info("starting %s (no PREFECT_API_URL set; waiting up to %d s, %s)", what, timeout, TIMEOUT_ENV)
     seconds = with_progress(lambda: server.start(timeout=timeout), what)
+    if server.server_process is not None:
+        stop_with_this_process(server.server_process.pid)
     log.info("%s ready at %s in %.0f s", what, server.api_url, seconds)
     return server.api_url
+
+
+def stop_with_this_process(pid: int) -> subprocess.Popen | None:
+    """Ends process `pid` (SIGTERM) when this process ends, however it ends (see WATCH); None where the
+    kernel has no pidfds (Linux before 5.3, other systems): there only Prefect's exit handler stops it."""
+    if not hasattr(os, "pidfd_open"):
+        return None
+    return subprocess.Popen(
+        [sys.executable, "-c", WATCH, str(os.getpid()), str(pid)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, close_fds=True
+    )

@@ -123,3 +123,47 @@ def test_a_flow_given_a_configuration_creates_the_run_and_resume_does_not_prefli
         _run_dir(None, config, str(tmp_path / "c.yaml"))
     with pytest.raises(ValueError, match="resume"):
         _run_dir(None, None, None)
+
+
+KILLED_WITH_A_SERVER = """
+import subprocess, sys, time
+from cli import prefect_api
+from prefect.server.api.server import SubprocessASGIServer
+
+def start(self, timeout=None):  # stands in for Prefect's start: a long-lived child as its server
+    self.server_process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+
+SubprocessASGIServer.start = start
+prefect_api.ensure_prefect_api()
+print(SubprocessASGIServer().server_process.pid, flush=True)
+time.sleep(3600)
+"""
+
+
+def test_the_temporary_server_ends_when_the_command_is_killed(tmp_path: Path) -> None:
+    """Prefect stops its temporary server at exit, which a SIGKILLed `discover run` never reaches."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env.update(PREFECT_HOME=str(tmp_path), PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    command = subprocess.Popen([sys.executable, "-c", KILLED_WITH_A_SERVER], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        server = psutil.Process(int(command.stdout.readline()))
+        assert server.is_running() and server.ppid() == command.pid
+        command.send_signal(signal.SIGKILL)
+        command.wait()
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and server.is_running() and server.status() != psutil.STATUS_ZOMBIE:
+            time.sleep(0.2)
+        assert not server.is_running() or server.status() == psutil.STATUS_ZOMBIE, "the server outlived the killed command"
+    finally:
+        command.kill()
+        for child in psutil.Process().children(recursive=True):
+            if child.pid != command.pid and "3600" in " ".join(child.cmdline()):
+                child.kill()
