@@ -127,7 +127,8 @@ def _project_loggers_restored():
     import logging
 
     def ours() -> dict[str, tuple]:
-        names = [n for n in logging.root.manager.loggerDict if n.split(".")[0] in ("discover", "evaluators", "flows", "cli")]
+        # a copy first (taken at once, under the GIL): another thread (Prefect's) may add a logger meanwhile
+        names = [n for n in list(logging.root.manager.loggerDict) if n.split(".")[0] in ("discover", "evaluators", "flows", "cli")]
         loggers = [logging.getLogger(n) for n in names]
         return {lg.name: (list(lg.handlers), lg.level, lg.propagate) for lg in loggers}
 
