@@ -167,16 +167,24 @@ def test_oversized_return_value_is_rejected():
     assert not result.ok and "too large" in result.reason
 
 
-def test_temp_dir_is_removed():
+def test_temp_dir_is_removed(monkeypatch):
     # The candidate leaves an unreadable tree in its working directory; the host's run
     # directory goes all the same (its value travels through a descriptor, not that directory).
+    # The directories this run made are recorded (other workers' evaluations make theirs in /tmp too).
     import tempfile
 
-    before = set(Path(tempfile.gettempdir()).glob("discover-sandbox-*"))
+    made, mkdtemp = [], tempfile.mkdtemp
+
+    def recorded(*args, **kwargs):
+        made.append(mkdtemp(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(tempfile, "mkdtemp", recorded)
     program = "import os\ndef construct(parent):\n    os.makedirs('a/b')\n    os.chmod('a', 0)\n    return 1\n"
     result = run(program)
     assert result.ok and result.output == 1, result.reason
-    assert set(Path(tempfile.gettempdir()).glob("discover-sandbox-*")) - before == set()
+    ours = [p for p in made if Path(p).name.startswith("discover-sandbox-")]
+    assert ours and not [p for p in ours if Path(p).exists()], ours
 
 
 def test_get_sandbox():
