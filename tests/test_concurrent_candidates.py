@@ -12,7 +12,6 @@ the sandbox made (a candidate's view has no cgroup file system).
 
 from __future__ import annotations
 
-import glob
 import os
 import shutil
 import tempfile
@@ -129,14 +128,35 @@ def _stdout(run: NativeRun) -> str:
     return case.stdout.decode()
 
 
-def test_a_program_cannot_reach_the_binary_of_another_evaluation_running_at_the_same_time() -> None:
+@pytest.fixture
+def made_here(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The temporary directories this process makes during the test, in order: the evaluations of
+    other pytest workers make theirs in the same /tmp, and must not be taken for the first one."""
+    made, mkdtemp = [], tempfile.mkdtemp
+
+    def recorded(*args, **kwargs):
+        made.append(mkdtemp(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(tempfile, "mkdtemp", recorded)
+    return made
+
+
+def _ours() -> set[int]:
+    """The pids of this process's descendants (the sandboxes it started, not other workers')."""
+    import psutil
+
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def test_a_program_cannot_reach_the_binary_of_another_evaluation_running_at_the_same_time(made_here: list[str]) -> None:
     box = _root_with_cgroups()
-    before = set(glob.glob(os.path.join(tempfile.gettempdir(), "discover-native-*")))
 
     def find():
-        for binary in glob.glob(os.path.join(tempfile.gettempdir(), "discover-native-*", "w", "bin", "main")):
-            pid = _process_running(binary) if os.path.dirname(os.path.dirname(os.path.dirname(binary))) not in before else None
-            if pid is not None:
+        for parent in [d for d in list(made_here) if os.path.basename(d).startswith("discover-native-")]:
+            binary = os.path.join(parent, "w", "bin", "main")
+            pid = _process_running(binary)
+            if pid is not None and pid in _ours():
                 work = os.path.dirname(os.path.dirname(binary))
                 return pid, [binary, os.path.dirname(binary), work, os.path.join(work, "io", "input")]
         return None
@@ -152,18 +172,17 @@ def test_a_program_cannot_reach_the_binary_of_another_evaluation_running_at_the_
         assert f"{path} read=0 exec=0 enter=0" in tried, f"the second reached the first's files: {tried}"
 
 
-def test_a_python_candidate_cannot_reach_the_files_of_another_evaluation_running_at_the_same_time() -> None:
+def test_a_python_candidate_cannot_reach_the_files_of_another_evaluation_running_at_the_same_time(made_here: list[str]) -> None:
     from evaluators.sandbox.base import SandboxLimits
 
     box = _root_with_cgroups()
     limits = SandboxLimits(timeout_s=400, memory_mb=512, cpus=1)  # above WAIT_PY's 250 s: never told is an answer, not a timeout
-    before = set(glob.glob(os.path.join(tempfile.gettempdir(), "discover-sandbox-*")))
 
     def find():
-        for run_dir in set(glob.glob(os.path.join(tempfile.gettempdir(), "discover-sandbox-*"))) - before:
-            for name in os.listdir("/proc"):
-                if name.isdigit() and os.path.exists(f"/proc/{name}/root/sandbox/harness.py"):
-                    return int(name), [os.path.join(run_dir, "work"), run_dir, os.path.join(run_dir, "output.json")]
+        for run_dir in [d for d in list(made_here) if os.path.basename(d).startswith("discover-sandbox-")]:
+            for pid in _ours():
+                if os.path.exists(f"/proc/{pid}/root/sandbox/harness.py"):
+                    return pid, [os.path.join(run_dir, "work"), run_dir, os.path.join(run_dir, "output.json")]
         return None
 
     first, second, paths = _alongside(
