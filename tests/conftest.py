@@ -58,6 +58,20 @@ RUN_SCRIPT = textwrap.dedent(
 
 
 @pytest.fixture
+def made_here(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The temporary directories this process makes during the test, in order: the evaluations of
+    other pytest workers make theirs in the same /tmp, and must not be taken for the first one."""
+    made, mkdtemp = [], tempfile.mkdtemp
+
+    def recorded(*args, **kwargs):
+        made.append(mkdtemp(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(tempfile, "mkdtemp", recorded)
+    return made
+
+
+@pytest.fixture
 def published() -> Path:
     """The published constructions, vendored in the repository: `<problem>/<file>.json`."""
     return REPO / "evaluators" / "math" / "published"

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -126,20 +125,6 @@ def _stdout(run: NativeRun) -> str:
     case = run.cases[0]
     assert case.status == "OK", (case.status, case.detail, case.stderr)
     return case.stdout.decode()
-
-
-@pytest.fixture
-def made_here(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The temporary directories this process makes during the test, in order: the evaluations of
-    other pytest workers make theirs in the same /tmp, and must not be taken for the first one."""
-    made, mkdtemp = [], tempfile.mkdtemp
-
-    def recorded(*args, **kwargs):
-        made.append(mkdtemp(*args, **kwargs))
-        return made[-1]
-
-    monkeypatch.setattr(tempfile, "mkdtemp", recorded)
-    return made
 
 
 def _ours() -> set[int]:

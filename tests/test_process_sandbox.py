@@ -167,19 +167,11 @@ def test_oversized_return_value_is_rejected():
     assert not result.ok and "too large" in result.reason
 
 
-def test_temp_dir_is_removed(monkeypatch):
+def test_temp_dir_is_removed(made_here):
     # The candidate leaves an unreadable tree in its working directory; the host's run
     # directory goes all the same (its value travels through a descriptor, not that directory).
     # The directories this run made are recorded (other workers' evaluations make theirs in /tmp too).
-    import tempfile
-
-    made, mkdtemp = [], tempfile.mkdtemp
-
-    def recorded(*args, **kwargs):
-        made.append(mkdtemp(*args, **kwargs))
-        return made[-1]
-
-    monkeypatch.setattr(tempfile, "mkdtemp", recorded)
+    made = made_here
     program = "import os\ndef construct(parent):\n    os.makedirs('a/b')\n    os.chmod('a', 0)\n    return 1\n"
     result = run(program)
     assert result.ok and result.output == 1, result.reason
