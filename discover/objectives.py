@@ -2,7 +2,9 @@
 
 Group level (numpy, float64): the entropic objective with an adaptive or constant beta and
 leave-one-out (LOO) advantages, the expected-reward baseline, and "none" (no training).
-Token level (torch): KL shaping towards the base model and the importance-sampling loss.
+Token level (torch): KL shaping towards the base model and the importance-sampling loss. torch is
+imported by those functions only: the configuration imports this module's names, and a process that
+only reads a configuration (`discover status`, an evaluation worker) should not pay torch's import.
 """
 
 from __future__ import annotations
@@ -10,9 +12,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 OBJECTIVES = ("entropic-adaptive", "entropic-constant", "expected", "none")
 
@@ -149,6 +154,8 @@ def kl_shaped_advantages(
     `center` is 0 for the paper's formula; the released code passes the batch's mean of
     logp_policy - logp_base over all trained tokens (`batch_kl_mean`), so the KL term sums to 0.
     """
+    import torch
+
     logp_policy = logp_policy.detach()
     logp_base = logp_base.detach()
     adv = torch.as_tensor(advantage, dtype=logp_policy.dtype, device=logp_policy.device).detach()
@@ -162,6 +169,8 @@ def batch_kl_sum(
 ) -> tuple[float, int]:
     """Sum of logp_policy - logp_base over every masked token of a batch, and the number of those tokens
     (sharded training adds these over its ranks before dividing: `batch_kl_mean` of the whole batch)."""
+    import torch
+
     total, count = 0.0, 0
     for lp, lb, m in zip(logp_policy, logp_base, masks, strict=True):
         keep = m.to(torch.bool)
@@ -188,6 +197,8 @@ def importance_sampling_loss(
     `ratio_cap` truncates the importance weight (truncated importance sampling): a token whose
     ratio exceeds the cap is weighted by the cap, its gradient direction (grad log pi) kept.
     """
+    import torch
+
     keep = mask.to(torch.bool)
     diff = logp_learner - logp_sampler.detach()
     # masked tokens get exactly zero (and zero gradient) even if their log-probs are -inf/nan
