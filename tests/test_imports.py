@@ -22,7 +22,9 @@ def test_imports_only_go_down_and_never_in_a_cycle() -> None:
 def test_reading_a_configuration_does_not_import_torch() -> None:
     """`discover status`, `discover setup` and the evaluation workers read a run's configuration and
     never train: torch's import (about a second of CPU per process) is paid only where it is used."""
-    code = "import sys, discover.config, discover.evaluation, cli.app; print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    code = (
+        "import sys, discover.config, discover.evaluation, cli.app; print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    )
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "[]"
