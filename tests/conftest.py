@@ -289,12 +289,17 @@ def prefect_server() -> str:
 def prefect_api(prefect_server: str):
     """Prefect's API for flows run inside the test process: the session's server, in the settings
     and in the environment (Prefect's background threads, its log worker among them, read the
-    environment: without it they start a temporary server of their own)."""
+    environment: without it they start a temporary server of their own). Prefect's global settings,
+    made when it was imported, are made again from the environment: its log worker's thread reads
+    them, not the test's, and started a temporary server in each xdist worker that ran for the rest
+    of the session."""
+    from prefect.context import refresh_global_settings_context
     from prefect.logging.handlers import APILogWorker
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     before = os.environ.get("PREFECT_API_URL")
     os.environ["PREFECT_API_URL"] = prefect_server
+    refresh_global_settings_context()
     try:
         with temporary_settings({PREFECT_API_URL: prefect_server}):
             yield prefect_server
@@ -306,6 +311,7 @@ def prefect_api(prefect_server: str):
             os.environ.pop("PREFECT_API_URL", None)
         else:
             os.environ["PREFECT_API_URL"] = before
+        refresh_global_settings_context()
 
 
 @pytest.fixture
