@@ -20,6 +20,21 @@ def _unset(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(prefect_api.TIMEOUT_ENV)
 
 
+def _starts_of_this_thread(monkeypatch: pytest.MonkeyPatch) -> list[float | None]:
+    """The waits Prefect's temporary server is started with (nothing started) by this test's thread:
+    Prefect's background services (its log worker, say) also start one where no API is set, as the
+    tests below set up, in threads of their own."""
+    waits: list[float | None] = []
+    caller = threading.get_ident()
+
+    def start(self, timeout=None) -> None:
+        if threading.get_ident() == caller:
+            waits.append(timeout)
+
+    monkeypatch.setattr("prefect.server.api.server.SubprocessASGIServer.start", start)
+    return waits
+
+
 def test_the_default_wait_is_generous_and_the_users_setting_wins(monkeypatch: pytest.MonkeyPatch) -> None:
     _unset(monkeypatch)
     assert prefect_api.startup_timeout() == prefect_api.DEFAULT_STARTUP_TIMEOUT_S >= 300  # Prefect's own: 20 s
@@ -55,9 +70,8 @@ def test_a_slow_start_shows_progress_lines_until_it_is_done() -> None:
 def test_a_configured_server_is_used_and_nothing_is_started(monkeypatch: pytest.MonkeyPatch) -> None:
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    started = []
     _unset(monkeypatch)
-    monkeypatch.setattr("prefect.server.api.server.SubprocessASGIServer.start", lambda self, timeout=None: started.append(1))
+    started = _starts_of_this_thread(monkeypatch)
     with temporary_settings({PREFECT_API_URL: "http://127.0.0.1:4200/api"}):
         assert prefect_api.ensure_prefect_api() == "http://127.0.0.1:4200/api"
     assert started == []
@@ -66,9 +80,8 @@ def test_a_configured_server_is_used_and_nothing_is_started(monkeypatch: pytest.
 def test_without_a_server_the_temporary_one_is_started_with_the_generous_wait(monkeypatch: pytest.MonkeyPatch) -> None:
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    waits = []
     _unset(monkeypatch)
-    monkeypatch.setattr("prefect.server.api.server.SubprocessASGIServer.start", lambda self, timeout=None: waits.append(timeout))
+    waits = _starts_of_this_thread(monkeypatch)
     with temporary_settings({PREFECT_API_URL: None}):
         prefect_api.ensure_prefect_api()
     assert waits == [prefect_api.DEFAULT_STARTUP_TIMEOUT_S]
